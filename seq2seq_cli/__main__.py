@@ -1,0 +1,3 @@
+from seq2seq_cli.cli import main
+
+main()

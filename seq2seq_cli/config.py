@@ -1,0 +1,241 @@
+"""The one typed configuration tree: YAML loading, `--set` overrides and validation.
+
+Every option of the tool lives here, with its default and its check. Nothing else in the
+package validates configuration: functions receive a `Config` that is already valid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from seq2seq_cli.errors import UserError
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    src_lang: str = Field("src", description="suffix of source files: PREFIX.SRC_LANG")
+    tgt_lang: str = Field("tgt", description="suffix of target files: PREFIX.TGT_LANG")
+    train: str = Field(description="prefix of the training files, e.g. data/bible-es-en/train")
+    valid: str | None = Field(None, description="prefix of the validation files")
+    test: str | None = Field(None, description="prefix of the test files (used by the quick start)")
+    max_src_len: int = Field(256, ge=1, description="training pairs with more source subwords are dropped")
+    max_tgt_len: int = Field(256, ge=1, description="training pairs with more target subwords are dropped")
+
+
+class TokenizerConfig(Section):
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: int = Field(8000, ge=16)
+    joint: bool = Field(True, description="one vocabulary for source and target")
+    character_coverage: float = Field(1.0, gt=0.0, le=1.0)
+    input_sentence_size: int = Field(0, ge=0, description="sample this many sentences to train on; 0 = all")
+
+
+class ModelConfig(Section):
+    d_model: int = Field(512, ge=1)
+    heads: int = Field(8, ge=1)
+    q_k_size: int | None = Field(None, ge=1, description="per-head query/key size; default d_model / heads")
+    v_size: int | None = Field(None, ge=1, description="per-head value size; default d_model / heads")
+    ffn_size: int = Field(2048, ge=1)
+    encoder_layers: int = Field(6, ge=1)
+    decoder_layers: int = Field(6, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    activation_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    norm: Literal["post", "pre"] = "post"
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = Field(1024, ge=2)
+    tie_embeddings: bool = True
+    bias: bool = True
+
+    @model_validator(mode="after")
+    def _head_sizes(self) -> ModelConfig:
+        if (self.q_k_size is None or self.v_size is None) and self.d_model % self.heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by heads ({self.heads}) "
+                "unless q_k_size and v_size are both set"
+            )
+        return self
+
+    @property
+    def head_q_k_size(self) -> int:
+        return self.q_k_size or self.d_model // self.heads
+
+    @property
+    def head_v_size(self) -> int:
+        return self.v_size or self.d_model // self.heads
+
+
+class TrainConfig(Section):
+    seed: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
+    threads: int | None = Field(None, ge=1, description="CPU threads; default all cores")
+    max_tokens: int = Field(4096, ge=1, description="source or target tokens per batch, padding included")
+    max_steps: int | None = Field(None, ge=1)
+    max_epochs: int | None = Field(None, ge=1)
+    max_minutes: float | None = Field(None, gt=0)
+    lr: float = Field(5e-4, gt=0)
+    warmup_steps: int = Field(4000, ge=0)
+    warmup_init_lr: float = Field(1e-7, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip_norm: float = Field(1.0, ge=0, description="0 = no gradient clipping")
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    valid_every: int = Field(1000, ge=1, description="validate and save checkpoints every N steps")
+    log_every: int = Field(100, ge=1)
+
+    @model_validator(mode="after")
+    def _some_stop(self) -> TrainConfig:
+        if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
+            raise ValueError("set at least one of max_steps, max_epochs, max_minutes")
+        return self
+
+
+class DecodeConfig(Section):
+    beam_size: int = Field(5, ge=1)
+    length_penalty: float = Field(1.0, description="score / length**alpha")
+    max_len_a: float = Field(1.2, ge=0, description="output length limit a*source_len + b")
+    max_len_b: int = Field(10, ge=0)
+    batch_tokens: int = Field(4096, ge=1, description="source tokens per translation batch")
+
+
+class Config(Section):
+    name: str
+    run_dir: str | None = Field(None, description="where the run is written; default runs/NAME")
+    data: DataConfig
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig(max_epochs=10)
+    decode: DecodeConfig = DecodeConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        longest = max(self.data.max_src_len, self.data.max_tgt_len) + 2
+        if longest > self.model.max_positions:
+            raise ValueError(
+                f"data.max_src_len/max_tgt_len + 2 ({longest}) exceeds model.max_positions "
+                f"({self.model.max_positions})"
+            )
+        return self
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.name}")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Map each key path of a YAML mapping to its 1-based line number."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, str(key.value))
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _describe(err: dict[str, Any], source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel]) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc)
+    where = f"{source}:{lines[loc]}" if loc in lines else source
+    if err["type"] == "extra_forbidden":
+        section: Any = model
+        for part in loc[:-1]:
+            section = section.model_fields[part].annotation
+        valid = ", ".join(section.model_fields)
+        return f"{where}: unknown key '{key}'; valid keys here: {valid}"
+    if err["type"] == "missing":
+        return f"{where}: missing required key '{key}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    if key:
+        return f"{where}: {key}: {msg} (got {err.get('input')!r})"
+    return f"{where}: {msg}"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into (['a','b','c'], parsed value); the value is read as YAML."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. train.max_steps=2000")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise UserError(f"--set {text!r}: expected KEY.PATH=VALUE with a dotted key, e.g. model.d_model=256")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config, apply `--set` overrides and validate; raise UserError with file:line on problems."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{where}: invalid YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of sections (name, data, model, ...) at the top level")
+    lines = _key_lines(text)
+    overridden: set[tuple[str, ...]] = set()
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UserError(f"--set {item!r}: '{part}' is not a section")
+            node = child
+        node[parts[-1]] = value
+        overridden.add(tuple(parts))
+    return validate_config(raw, str(path), {k: v for k, v in lines.items() if k not in overridden})
+
+
+def validate_config(raw: dict[str, Any], source: str, lines: dict[tuple[str, ...], int] | None = None) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        msgs = [_describe(e, source, lines or {}, Config) for e in exc.errors()]
+        raise UserError("; ".join(msgs)) from None
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def save_config(config: Config, path: Path) -> None:
+    from seq2seq_cli.checkpoint import atomic_write_text
+
+    atomic_write_text(path, dump_config(config))

@@ -1,0 +1,67 @@
+"""Score translations with sacreBLEU (BLEU and chrF, always with their signatures)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.translate import Translator, read_lines, write_lines
+
+
+@dataclass
+class Scores:
+    bleu: float
+    chrf: float
+    bleu_line: str  # sacreBLEU's formatted score with signature
+    chrf_line: str
+    bleu_signature: str
+    chrf_signature: str
+    sentences: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "bleu": round(self.bleu, 2),
+            "chrf": round(self.chrf, 2),
+            "bleu_signature": self.bleu_signature,
+            "chrf_signature": self.chrf_signature,
+            "sentences": self.sentences,
+        }
+
+
+def score(hyps: list[str], refs: list[str]) -> Scores:
+    """Corpus BLEU and chrF of hypotheses against one reference each."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    bsig, csig = str(bleu.get_signature()), str(chrf.get_signature())
+    return Scores(b.score, c.score, b.format(signature=bsig), c.format(signature=csig), bsig, csig, len(hyps))
+
+
+def evaluate(
+    ref: Path,
+    src: Path | None = None,
+    hyp: Path | None = None,
+    translator: Translator | None = None,
+    output: Path | None = None,
+) -> Scores:
+    """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
+    hypotheses to `output` when given)."""
+    refs = read_lines(ref)
+    if hyp is not None:
+        hyps = read_lines(hyp)
+        other = hyp
+    else:
+        if src is None or translator is None:
+            raise UserError("evaluate needs --hyp FILE, or --model RUN with --src FILE")
+        sources = read_lines(src)
+        if len(sources) != len(refs):
+            raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be aligned")
+        hyps = translator.translate(sources)
+        other = src
+        if output is not None:
+            write_lines(output, hyps)
+    if len(hyps) != len(refs):
+        raise UserError(f"{other} has {len(hyps)} lines but {ref} has {len(refs)}; they must be aligned")
+    return score(hyps, refs)

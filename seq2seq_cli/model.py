@@ -1,0 +1,324 @@
+"""Encoder-decoder Transformer ("Attention Is All You Need", Vaswani et al. 2017).
+
+Shape legend
+    B   batch (sentences, or sentences x beams while decoding)
+    S   source length            T   target length (queries)     L   cached target length
+    D   d_model                  H   heads
+    Dk  per-head query/key size (q_k_size)                       Dv  per-head value size (v_size)
+    F   feed-forward size        V   vocabulary size
+
+Attention(Q, K, V) = softmax(Q K^T / sqrt(Dk) + mask) V, computed by
+`torch.nn.functional.scaled_dot_product_attention` in the normal path and by
+`attention_with_weights` when the weights are asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.masks import decoder_self_mask, padding_mask
+from seq2seq_cli.tokenizer import PAD
+
+
+def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Explicit scaled dot-product attention that also returns the weights.
+
+    q: (B, H, T, Dk), k: (B, H, S, Dk), v: (B, H, S, Dv), mask: bool broadcastable to (B, H, T, S)
+    -> output (B, H, T, Dv), weights (B, H, T, S)
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    out = F.dropout(weights, dropout_p) @ v
+    return out, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_O, head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i)."""
+
+    def __init__(self, d_model: int, heads: int, q_k_size: int, v_size: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.heads, self.q_k_size, self.v_size, self.dropout = heads, q_k_size, v_size, dropout
+        self.w_q = nn.Linear(d_model, heads * q_k_size, bias=bias)
+        self.w_k = nn.Linear(d_model, heads * q_k_size, bias=bias)
+        self.w_v = nn.Linear(d_model, heads * v_size, bias=bias)
+        self.w_o = nn.Linear(heads * v_size, d_model, bias=bias)
+
+    def _split(self, x: Tensor, size: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.heads, size).transpose(1, 2)  # (B, H, T, size)
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x: (B, S, D) -> K (B, H, S, Dk), V (B, H, S, Dv)."""
+        return self._split(self.w_k(x), self.q_k_size), self._split(self.w_v(x), self.v_size)
+
+    def forward(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D) queries; k, v from `keys_values`; -> (B, T, D), weights (B, H, T, S) or None."""
+        q = self._split(self.w_q(x), self.q_k_size)  # (B, H, T, Dk)
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = attention_with_weights(q, k, v, mask, p)
+        else:
+            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
+        B, H, T, Dv = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * Dv)  # (B, T, H*Dv)
+        return self.w_o(out), weights
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2."""
+
+    def __init__(self, d_model: int, ffn_size: int, activation_dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, ffn_size, bias=bias)
+        self.w_2 = nn.Linear(ffn_size, d_model, bias=bias)
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.dropout(F.relu(self.w_1(x)), self.activation_dropout, self.training)  # (B, T, F)
+        return self.w_2(h)
+
+
+class Sublayer(nn.Module):
+    """Residual connection with LayerNorm: post-norm LN(x + f(x)) or pre-norm x + f(LN(x))."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def input(self, x: Tensor) -> Tensor:
+        """What the sublayer function sees."""
+        return self.norm(x) if self.pre_norm else x
+
+    def output(self, x: Tensor, fx: Tensor) -> Tensor:
+        """Combine the residual stream x with the sublayer result f(x)."""
+        y = x + self.dropout(fx)
+        return y if self.pre_norm else self.norm(y)
+
+
+def _attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        cfg.d_model, cfg.heads, cfg.head_q_k_size, cfg.head_v_size, cfg.attention_dropout, cfg.bias
+    )
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = _attention(cfg)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_size, cfg.activation_dropout, cfg.bias)
+        self.attn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x: (B, S, D), mask: (B, 1, 1, S) -> (B, S, D), weights (B, H, S, S) or None."""
+        h = self.attn_block.input(x)
+        a, weights = self.self_attn(h, *self.self_attn.keys_values(h), mask, need_weights)
+        x = self.attn_block.output(x, a)
+        x = self.ffn_block.output(x, self.ffn(self.ffn_block.input(x)))
+        return x, weights
+
+
+@dataclass
+class LayerCache:
+    """Keys/values one decoder layer keeps while decoding incrementally."""
+
+    cross_k: Tensor  # (B, H, S, Dk), computed once from the encoder output
+    cross_v: Tensor  # (B, H, S, Dv)
+    self_k: Tensor | None = None  # (B, H, L, Dk), grows by one position per step
+    self_v: Tensor | None = None  # (B, H, L, Dv)
+
+
+@dataclass
+class DecoderState:
+    """Everything incremental decoding carries between steps."""
+
+    layers: list[LayerCache]
+    src_mask: Tensor  # (B, 1, 1, S)
+    length: int = 0  # target positions already decoded
+    attention: list[Tensor] = field(default_factory=list)  # per step (B, H, S) when recorded
+
+    def reorder(self, index: Tensor) -> None:
+        """Rows of the self-attention cache follow `index` (beam reordering within a sentence)."""
+        for c in self.layers:
+            if c.self_k is not None:
+                c.self_k, c.self_v = c.self_k.index_select(0, index), c.self_v.index_select(0, index)
+
+    def select(self, index: Tensor) -> None:
+        """Keep only the rows in `index` (finished sentences leave the batch)."""
+        self.reorder(index)
+        for c in self.layers:
+            c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, index)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_size, cfg.activation_dropout, cfg.bias)
+        self.self_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.cross_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
+
+    def forward(
+        self,
+        x: Tensor,
+        self_mask: Tensor | None,
+        cache: LayerCache,
+        src_mask: Tensor,
+        incremental: bool,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D) -> (B, T, D), cross-attention weights (B, H, T, S) or None.
+
+        With `incremental`, x holds only the new positions and their keys/values are appended
+        to the cache; otherwise self-attention runs over x alone under `self_mask` (B, 1, T, T).
+        """
+        h = self.self_block.input(x)
+        k, v = self.self_attn.keys_values(h)  # (B, H, T, Dk), (B, H, T, Dv)
+        if incremental:
+            if cache.self_k is not None:
+                k = torch.cat([cache.self_k, k], dim=2)  # (B, H, L+T, Dk)
+                v = torch.cat([cache.self_v, v], dim=2)
+            cache.self_k, cache.self_v = k, v
+        a, _ = self.self_attn(h, k, v, self_mask)
+        x = self.self_block.output(x, a)
+        h = self.cross_block.input(x)
+        c, weights = self.cross_attn(h, cache.cross_k, cache.cross_v, src_mask, need_weights)
+        x = self.cross_block.output(x, c)
+        x = self.ffn_block.output(x, self.ffn(self.ffn_block.input(x)))
+        return x, weights
+
+
+def sinusoidal_table(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)) -> (length, D)."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos / div)
+    table[:, 1::2] = torch.cos(pos / div)[:, : d_model // 2]
+    return table.float()
+
+
+class Embedding(nn.Module):
+    """Token embedding x sqrt(D) + positional encoding, then dropout."""
+
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model)
+        self.learned = cfg.positions == "learned"
+        if self.learned:
+            self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
+        else:
+            self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids: (B, T) at positions start..start+T-1 -> (B, T, D)."""
+        T = ids.size(1)
+        pos = self.positions.weight[start : start + T] if self.learned else self.table[start : start + T]
+        return self.dropout(self.tokens(ids) * self.scale + pos)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder Transformer with tied embeddings and incremental decoding."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool) -> None:
+        super().__init__()
+        self.cfg = cfg
+        tgt_tokens = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
+        share_src = joint_vocab and cfg.tie_embeddings and src_vocab == tgt_vocab
+        src_tokens = tgt_tokens if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
+        self.src_embed = Embedding(src_tokens, cfg)
+        self.tgt_embed = Embedding(tgt_tokens, cfg)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed.tokens" not in name and "positions" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias") and "norm" not in name:
+                nn.init.zeros_(p)
+        for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
+            nn.init.normal_(emb.weight, 0.0, self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD].zero_()
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """src: (B, S) ids -> memory (B, S, D), src_mask (B, 1, 1, S), per-layer self-attention weights."""
+        mask = padding_mask(src, PAD)
+        x = self.src_embed(src)
+        weights = []
+        for layer in self.encoder:
+            x, w = layer(x, mask, need_weights)
+            if w is not None:
+                weights.append(w)
+        return self.encoder_norm(x), mask, weights
+
+    def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
+        """Compute every layer's cross-attention keys/values once from the encoder output."""
+        layers = [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder]
+        return DecoderState(layers, src_mask)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """h: (..., D) -> (..., V)."""
+        return F.linear(h, self.tgt_embed.tokens.weight) if self.output is None else self.output(h)
+
+    def decode(
+        self, tgt_in: Tensor, state: DecoderState, incremental: bool = False, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Decoder features for target ids.
+
+        tgt_in: (B, T). Without `incremental`, T is the whole prefix (padding and causal masks);
+        with it, tgt_in holds the next position(s) only and the self-attention cache grows.
+        -> hidden (B, T, D), per-layer cross-attention weights (B, H, T, S) when asked for.
+        """
+        start = state.length if incremental else 0
+        x = self.tgt_embed(tgt_in, start)
+        self_mask = None if incremental and tgt_in.size(1) == 1 else decoder_self_mask(tgt_in, PAD)
+        if incremental and tgt_in.size(1) > 1 and state.length:
+            raise ValueError("incremental decoding of several positions needs an empty cache")
+        weights = []
+        for layer, cache in zip(self.decoder, state.layers):
+            x, w = layer(x, self_mask, cache, state.src_mask, incremental, need_weights)
+            if w is not None:
+                weights.append(w)
+        if incremental:
+            state.length += tgt_in.size(1)
+        return self.decoder_norm(x), weights
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src: (B, S), tgt_in: (B, T) -> logits (B, T, V)."""
+        return self.logits(self.features(src, tgt_in))
+
+    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src: (B, S), tgt_in: (B, T) -> final decoder hidden states (B, T, D)."""
+        memory, src_mask, _ = self.encode(src)
+        h, _ = self.decode(tgt_in, self.init_state(memory, src_mask))
+        return h
+
+
+def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint_vocab: bool) -> Seq2SeqTransformer:
+    return Seq2SeqTransformer(cfg, src_vocab, tgt_vocab, joint_vocab)

@@ -1,0 +1,278 @@
+"""`train(config) -> run_dir`: one loop, top to bottom.
+
+text files -> tokenizer -> encoded pairs -> token-budget batches -> model -> label-smoothed
+cross-entropy -> Adam with inverse-sqrt warmup -> checkpoints and metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from seq2seq_cli import checkpoint as ckpt
+from seq2seq_cli.config import Config, save_config
+from seq2seq_cli.data import EncodedCorpus, collate, encode_corpus, epoch_batches, read_parallel, token_batches
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.model import Seq2SeqTransformer, build_model
+from seq2seq_cli.tokenizer import PAD, load_tokenizers, model_paths, train_tokenizer
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device=cuda but no CUDA device is available; use train.device=auto or cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA when precision is auto or bf16; plain fp32 otherwise."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def inverse_sqrt_lr(step: int, lr: float, warmup: int, init_lr: float) -> float:
+    """Linear warmup from init_lr to lr over `warmup` steps, then lr * sqrt(warmup / step)."""
+    if warmup and step < warmup:
+        return init_lr + (lr - init_lr) * step / warmup
+    return lr * math.sqrt(max(warmup, 1) / max(step, 1))
+
+
+def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor, int]:
+    """logits: (B, T, V), target: (B, T) -> (smoothed loss sum, nll sum, non-pad tokens).
+
+    loss = (1 - eps) * nll + eps * mean over the vocabulary of -log p; pad targets are ignored.
+    """
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    keep = target != PAD
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    smooth = -lprobs.mean(dim=-1)  # (B, T)
+    loss = ((1.0 - epsilon) * nll + epsilon * smooth)[keep].sum()
+    return loss, nll[keep].sum(), int(keep.sum())
+
+
+def load_split(config: Config, prefix: str, src_sp, tgt_sp, limit: bool) -> EncodedCorpus:
+    d = config.data
+    ds = read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache")
+    if limit:
+        return encode_corpus(ds, src_sp, tgt_sp, d.max_src_len, d.max_tgt_len)
+    return encode_corpus(ds, src_sp, tgt_sp)
+
+
+@torch.no_grad()
+def validate(model: Seq2SeqTransformer, corpus: EncodedCorpus, config: Config, device: torch.device) -> dict[str, float]:
+    model.eval()
+    loss_sum = nll_sum = 0.0
+    tokens = 0
+    for index in token_batches(corpus.src_lens, corpus.tgt_lens, config.train.max_tokens):
+        src, tgt_in, tgt_out = (t.to(device) for t in collate(corpus, index))
+        with autocast(device, config.train.precision):
+            logits = model(src, tgt_in)
+        loss, nll, n = label_smoothed_nll(logits, tgt_out, config.train.label_smoothing)
+        loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + n
+    model.train()
+    nll_tok = nll_sum / max(tokens, 1)
+    return {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll_tok, "valid_ppl": math.exp(min(nll_tok, 50))}
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C so both save `last` before exiting."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": repr(random.getstate())}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True) -> Path:
+    """Train the model a config describes; return the run directory."""
+    log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    t = config.train
+    run_dir = config.run_path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = pick_device(t.device)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+
+    # Tokenizer and data
+    if not all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint)):
+        log(f"no tokenizer in {run_dir}; training SentencePiece first")
+        train_tokenizer(config)
+    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
+    train_data = load_split(config, config.data.train, src_sp, tgt_sp, limit=True)
+    log(
+        f"train: {len(train_data)} pairs from {config.data.train}.{{{config.data.src_lang},{config.data.tgt_lang}}}; "
+        f"dropped {train_data.dropped['too_long']} over {config.data.max_src_len}/{config.data.max_tgt_len} subwords, "
+        f"{train_data.dropped['empty']} empty"
+    )
+    if not len(train_data):
+        raise UserError(f"{config.data.train}.{config.data.src_lang}: no training pairs left after filtering")
+    valid_data = load_split(config, config.data.valid, src_sp, tgt_sp, limit=False) if config.data.valid else None
+
+    # Model and optimiser
+    model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), config.tokenizer.joint).to(device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay, fused=device.type == "cuda"
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params:,} parameters on {device}")
+
+    step = epoch = batch_in_epoch = 0
+    best_nll, elapsed_before = float("inf"), 0.0
+    ckpt_dir = run_dir / ckpt.CHECKPOINT_DIR
+    if resume:
+        state_path = ckpt_dir / "last.state.pt"
+        if not state_path.is_file():
+            raise UserError(f"{state_path}: nothing to resume from; train without --resume first")
+        loaded, _, _, _ = ckpt.load_checkpoint(ckpt_dir / "last.safetensors", device)
+        model.load_state_dict(loaded.state_dict())
+        state = ckpt.load_train_state(state_path)
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        best_nll, elapsed_before = state["best_nll"], state["elapsed"]
+        log(f"resumed from {state_path} at step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
+    save_config(config, run_dir / "config.yaml")
+    metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+
+    def write_metrics(record: dict[str, Any]) -> None:
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+
+    def save(last_only: bool, valid_nll: float | None) -> None:
+        nonlocal best_nll
+        meta = {"step": step, "epoch": epoch}
+        ckpt.save_weights(ckpt_dir / "last.safetensors", model, config, meta)
+        ckpt.save_train_state(
+            ckpt_dir / "last.state.pt",
+            {
+                "step": step,
+                "epoch": epoch,
+                "batch_in_epoch": batch_in_epoch,
+                "optimizer": optimizer.state_dict(),
+                "rng": rng_state(),
+                "best_nll": min(best_nll, valid_nll) if valid_nll is not None else best_nll,
+                "elapsed": elapsed_before + time.time() - start,
+            },
+        )
+        if not last_only and valid_nll is not None and valid_nll < best_nll:
+            best_nll = valid_nll
+            ckpt.save_weights(ckpt_dir / "best.safetensors", model, config, {**meta, "valid_nll": valid_nll})
+
+    def run_validation() -> None:
+        record: dict[str, Any] = {"step": step, "epoch": epoch + 1}
+        valid_nll = None
+        if valid_data is not None:
+            record.update(validate(model, valid_data, config, device))
+            valid_nll = record["valid_nll"]
+            log(f"step {step}: valid loss {record['valid_loss']:.3f}, nll {valid_nll:.3f}, ppl {record['valid_ppl']:.2f}")
+        write_metrics(record)
+        save(last_only=valid_data is None, valid_nll=valid_nll)
+
+    def out_of_budget() -> bool:
+        return (
+            (t.max_steps is not None and step >= t.max_steps)
+            or (t.max_epochs is not None and epoch >= t.max_epochs)
+            or (t.max_minutes is not None and (elapsed_before + time.time() - start) / 60 >= t.max_minutes)
+        )
+
+    start = time.time()
+    model.train()
+    bar = tqdm(total=t.max_steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True, file=sys.stderr)
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.time()}
+    validated_at = step
+    try:
+        with sigterm_as_interrupt():
+            while not out_of_budget():
+                batches = epoch_batches(train_data, t.max_tokens, t.seed, epoch)
+                while batch_in_epoch < len(batches) and not out_of_budget():
+                    src, tgt_in, tgt_out = (x.to(device, non_blocking=True) for x in collate(train_data, batches[batch_in_epoch]))
+                    lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                    with autocast(device, t.precision):
+                        logits = model(src, tgt_in)
+                    loss, nll, n = label_smoothed_nll(logits, tgt_out, t.label_smoothing)
+                    optimizer.zero_grad(set_to_none=True)
+                    (loss / n).backward()
+                    if t.clip_norm:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+                    optimizer.step()
+                    step += 1
+                    batch_in_epoch += 1
+                    window["loss"] += loss.item()
+                    window["nll"] += nll.item()
+                    window["tokens"] += n
+                    window["src_tokens"] += int((src != PAD).sum())
+                    bar.update(1)
+                    if step % t.log_every == 0:
+                        now = time.time()
+                        tps = (window["tokens"] + window["src_tokens"]) / max(now - window["time"], 1e-9)
+                        record = {
+                            "step": step,
+                            "epoch": epoch + 1,
+                            "train_loss": window["loss"] / window["tokens"],
+                            "train_nll": window["nll"] / window["tokens"],
+                            "lr": lr,
+                            "tokens_per_s": tps,
+                            "elapsed_s": elapsed_before + now - start,
+                        }
+                        write_metrics(record)
+                        bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+                        window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": now}
+                    if step % t.valid_every == 0:
+                        run_validation()
+                        validated_at = step
+                if batch_in_epoch >= len(batches):
+                    epoch, batch_in_epoch = epoch + 1, 0
+            if validated_at != step or not (ckpt_dir / "last.safetensors").is_file():
+                run_validation()
+    except KeyboardInterrupt:
+        bar.close()
+        save(last_only=True, valid_nll=None)
+        metrics.close()
+        log(f"interrupted at step {step}; saved {ckpt_dir / 'last.safetensors'}. "
+            f"Resume with: seq2seq train --config {run_dir / 'config.yaml'} --resume")
+        raise
+    bar.close()
+    metrics.close()
+    log(f"finished at step {step} (epoch {epoch + 1}) in {(elapsed_before + time.time() - start) / 60:.1f} min; run in {run_dir}")
+    return run_dir
