@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,8 +31,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         write(tmp)
         with open(tmp, "rb+") as f:

@@ -65,12 +65,9 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[
     return loss, nll[keep].sum(), int(keep.sum())
 
 
-def load_split(config: Config, prefix: str, src_sp, tgt_sp, limit: bool) -> EncodedCorpus:
+def read_split(config: Config, prefix: str):
     d = config.data
-    ds = read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache")
-    if limit:
-        return encode_corpus(ds, src_sp, tgt_sp, d.max_src_len, d.max_tgt_len)
-    return encode_corpus(ds, src_sp, tgt_sp)
+    return read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache")
 
 
 @torch.no_grad()
@@ -132,20 +129,23 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
     torch.manual_seed(t.seed)
     random.seed(t.seed)
 
-    # Tokenizer and data
+    # Data (checked before anything is trained), tokenizer, encoding
+    d = config.data
+    train_raw = read_split(config, d.train)
+    valid_raw = read_split(config, d.valid) if d.valid else None
     if not all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint)):
         log(f"no tokenizer in {run_dir}; training SentencePiece first")
         train_tokenizer(config)
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
-    train_data = load_split(config, config.data.train, src_sp, tgt_sp, limit=True)
+    train_data = encode_corpus(train_raw, src_sp, tgt_sp, d.max_src_len, d.max_tgt_len)
     log(
-        f"train: {len(train_data)} pairs from {config.data.train}.{{{config.data.src_lang},{config.data.tgt_lang}}}; "
-        f"dropped {train_data.dropped['too_long']} over {config.data.max_src_len}/{config.data.max_tgt_len} subwords, "
+        f"train: {len(train_data)} pairs from {d.train}.{{{d.src_lang},{d.tgt_lang}}}; "
+        f"dropped {train_data.dropped['too_long']} over {d.max_src_len}/{d.max_tgt_len} subwords, "
         f"{train_data.dropped['empty']} empty"
     )
     if not len(train_data):
-        raise UserError(f"{config.data.train}.{config.data.src_lang}: no training pairs left after filtering")
-    valid_data = load_split(config, config.data.valid, src_sp, tgt_sp, limit=False) if config.data.valid else None
+        raise UserError(f"{d.train}.{d.src_lang}: no training pairs left after filtering")
+    valid_data = encode_corpus(valid_raw, src_sp, tgt_sp) if valid_raw is not None else None
 
     # Model and optimiser
     model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), config.tokenizer.joint).to(device)

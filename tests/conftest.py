@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny models and a tiny parallel corpus written into a temp directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.model import Seq2SeqTransformer, build_model
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "data" / "bible-es-en"
+
+
+def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransformer:
+    """A small randomly initialised model in eval mode."""
+    settings = dict(d_model=16, heads=2, ffn_size=32, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=64)
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**settings), vocab, vocab, joint_vocab=True).eval()
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    """train/valid/test splits cut from the shipped corpus (a few hundred short pairs)."""
+    out = tmp_path / "corpus"
+    out.mkdir()
+    for split, (start, count) in {"train": (0, 400), "valid": (400, 60), "test": (460, 40)}.items():
+        for lang in ("es", "en"):
+            lines = (SHIPPED / f"valid.{lang}").read_text(encoding="utf-8").splitlines()[start : start + count]
+            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path, corpus_dir: Path) -> Path:
+    """configs/tiny.yaml pointed at the temp corpus and a temp run directory."""
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp_path / "run")
+    for split in ("train", "valid", "test"):
+        raw["data"][split] = str(corpus_dir / split)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path

@@ -1,0 +1,120 @@
+import pytest
+import torch
+
+from conftest import tiny_model
+from seq2seq_cli.model import attention_with_weights, sinusoidal_table
+from seq2seq_cli.tokenizer import BOS, PAD
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 23, (3, 7), generator=g)
+    tgt = torch.randint(4, 23, (3, 6), generator=g)
+    tgt[:, 0] = BOS
+    return src, tgt
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_causality_changing_a_later_token_leaves_earlier_logits_unchanged(norm):
+    model = tiny_model(norm=norm)
+    src, tgt = _batch()
+    base = model(src, tgt)
+    for t in range(1, tgt.size(1)):
+        changed = tgt.clone()
+        changed[:, t] = (changed[:, t] + 1 - 4) % 19 + 4
+        out = model(src, changed)
+        assert torch.allclose(out[:, :t], base[:, :t], atol=1e-6)
+        assert not torch.allclose(out[:, t:], base[:, t:], atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_source_padding_invariance(norm):
+    model = tiny_model(norm=norm)
+    src, tgt = _batch()
+    padded = torch.cat([src, torch.full((3, 5), PAD)], dim=1)
+    assert torch.allclose(model(src, tgt), model(padded, tgt), atol=1e-5)
+
+
+def test_target_padding_invariance_on_real_positions():
+    model = tiny_model()
+    src, tgt = _batch()
+    padded = torch.cat([tgt, torch.full((3, 4), PAD)], dim=1)
+    assert torch.allclose(model(src, tgt), model(src, padded)[:, : tgt.size(1)], atol=1e-5)
+
+
+def test_padding_one_sentence_does_not_change_the_others():
+    model = tiny_model()
+    src, tgt = _batch()
+    src[1, 4:] = PAD  # sentence 1 is shorter
+    alone = model(src[1:2, :4], tgt[1:2])
+    assert torch.allclose(model(src, tgt)[1:2], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm": "pre"}, {"q_k_size": 5, "v_size": 11}, {"positions": "learned"}])
+def test_incremental_decoding_equals_full_forward(overrides):
+    model = tiny_model(**overrides)
+    src, tgt = _batch()
+    src[0, 5:] = PAD
+    full = model(src, tgt)
+    memory, src_mask, _ = model.encode(src)
+    state = model.init_state(memory, src_mask)
+    steps = []
+    for t in range(tgt.size(1)):
+        h, _ = model.decode(tgt[:, t : t + 1], state, incremental=True)
+        steps.append(model.logits(h))
+    incremental = torch.cat(steps, dim=1)
+    assert (incremental - full).abs().max().item() <= 1e-5
+    assert state.length == tgt.size(1)
+
+
+def test_cross_attention_keys_are_computed_once_and_self_cache_grows():
+    model = tiny_model()
+    src, tgt = _batch()
+    memory, src_mask, _ = model.encode(src)
+    state = model.init_state(memory, src_mask)
+    cross = [(c.cross_k, c.cross_v) for c in state.layers]
+    for t in range(3):
+        model.decode(tgt[:, t : t + 1], state, incremental=True)
+        for c, (k, v) in zip(state.layers, cross):
+            assert c.cross_k is k and c.cross_v is v
+            assert c.self_k.shape[2] == t + 1
+
+
+def test_separate_query_key_and_value_sizes_shape():
+    model = tiny_model(q_k_size=3, v_size=7)
+    attn = model.encoder[0].self_attn
+    assert attn.w_q.weight.shape == (2 * 3, 16)
+    assert attn.w_k.weight.shape == (2 * 3, 16)
+    assert attn.w_v.weight.shape == (2 * 7, 16)
+    assert attn.w_o.weight.shape == (16, 2 * 7)
+    src, tgt = _batch()
+    assert model(src, tgt).shape == (3, 6, 23)
+
+
+def test_explicit_attention_matches_sdpa_and_rows_sum_to_one():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    out, w = attention_with_weights(q, k, v, mask)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(out, ref, atol=1e-6)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 3, 5))
+    assert torch.all(w[1, ..., 3:] == 0)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = tiny_model()
+    assert model.src_embed.tokens.weight is model.tgt_embed.tokens.weight
+    assert model.output is None
+    untied = tiny_model(tie_embeddings=False)
+    assert untied.output is not None
+    assert untied.src_embed.tokens.weight is not untied.tgt_embed.tokens.weight
+
+
+def test_sinusoidal_table_values():
+    table = sinusoidal_table(50, 8)
+    pos, i = 7, 1
+    assert table[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * i / 8))).item(), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / 8))).item(), abs=1e-6)
+    assert torch.all(table[0, 0::2] == 0) and torch.all(table[0, 1::2] == 1)
