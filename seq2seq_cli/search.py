@@ -1,13 +1,20 @@
-"""Greedy and beam search over the decoder's key/value cache. The only place search lives.
+"""Greedy search, sampling and beam search over the decoder's key/value cache.
+The only place search lives.
 
 Shape legend
     B   sentences still being decoded      K   beam size        V   vocabulary size
-    S   source length                      N   rows in the decoder batch (B, or B*K for beams)
+    S   source length                      N   rows in the decoder batch (B, B*K or B*samples)
+    t   output tokens produced so far
 
-Both searches decode a whole batch at once; sentences that are finished leave the batch
+Every search decodes a whole batch at once; sentences that are finished leave the batch
 (the cache is compacted), so late steps only pay for sentences still going. A sentence's
 output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
-which EOS is forced.
+which EOS is forced; with min_len, EOS is banned before that many tokens.
+
+Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
+`score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
+    average (fairseq, HF, CTranslate2):  lp = |Y| ** alpha
+    gnmt (OpenNMT, JoeyNMT):             lp = ((5 + |Y|) / 6) ** alpha
 """
 
 from __future__ import annotations
@@ -17,15 +24,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.model import DecoderState, Seq2SeqTransformer
-from seq2seq_cli.tokenizer import BOS, EOS, PAD
+from seq2seq_cli.tokenizer import BOS, EOS, PAD, UNK
+
+NEG_INF = float("-inf")
 
 
 @dataclass
 class Hypothesis:
     tokens: list[int]  # output ids without BOS/EOS
-    score: float  # sum of token log-probabilities (EOS included) / length_penalty
+    score: float  # log_prob / length penalty
     log_prob: float  # sum of token log-probabilities, EOS included
+
+
+def length_penalty(length: int, alpha: float, kind: str) -> float:
+    """lp(|Y|) for a hypothesis of `length` tokens (EOS counted)."""
+    if kind == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    return float(length) ** alpha
 
 
 def max_lengths(src: Tensor, model: Seq2SeqTransformer, a: float, b: int) -> Tensor:
@@ -35,88 +52,125 @@ def max_lengths(src: Tensor, model: Seq2SeqTransformer, a: float, b: int) -> Ten
     return limit.clamp(min=0, max=model.cfg.max_positions - 2)
 
 
-def _log_probs(model: Seq2SeqTransformer, last: Tensor, state: DecoderState, force_eos: Tensor) -> Tensor:
-    """One decoder step. last: (N, 1) -> log-probabilities (N, V) with PAD/BOS banned and EOS
-    forced on rows where `force_eos` (N,) is set."""
+def banned_ngram_tokens(history: list[list[int]], n: int) -> list[list[int]]:
+    """For each row, the tokens that would complete an n-gram the row already contains."""
+    banned = []
+    for toks in history:
+        prefix = tuple(toks[len(toks) - n + 1 :]) if n > 1 else ()
+        banned.append([toks[i + n - 1] for i in range(len(toks) - n + 1) if tuple(toks[i : i + n - 1]) == prefix])
+    return banned
+
+
+def step_log_probs(
+    model: Seq2SeqTransformer, last: Tensor, state: DecoderState, step: int, limits: Tensor,
+    history: Tensor, opts: DecodeConfig,
+) -> Tensor:
+    """One decoder step with every constraint applied.
+
+    last: (N, 1) newest tokens, limits: (N,) output limits, history: (N, t) output so far
+    -> log-probabilities (N, V): PAD/BOS (and UNK with ban_unk) banned, EOS banned before
+    min_len, n-gram repeats banned, EOS forced at the limit.
+    """
     h, _ = model.decode(last, state, incremental=True)
     lprobs = torch.log_softmax(model.logits(h[:, -1]).float(), dim=-1)  # (N, V)
-    lprobs[:, PAD] = float("-inf")
-    lprobs[:, BOS] = float("-inf")
-    if force_eos.any():
-        eos_col = lprobs[:, EOS].clone()
-        lprobs[force_eos] = float("-inf")
-        lprobs[:, EOS] = torch.where(force_eos, eos_col, lprobs[:, EOS])
+    eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
+    lprobs[:, PAD] = NEG_INF
+    lprobs[:, BOS] = NEG_INF
+    if opts.ban_unk:
+        lprobs[:, UNK] = NEG_INF
+    if step < opts.min_len:
+        lprobs[:, EOS] = NEG_INF
+    if opts.no_repeat_ngram_size:
+        for row, toks in enumerate(banned_ngram_tokens(history.tolist(), opts.no_repeat_ngram_size)):
+            if toks:
+                lprobs[row, toks] = NEG_INF
+    force = step >= limits  # (N,)
+    if force.any():
+        lprobs[force] = NEG_INF
+        lprobs[force, EOS] = eos[force]
     return lprobs
 
 
+def _filter_for_sampling(lprobs: Tensor, opts: DecodeConfig) -> Tensor:
+    """Temperature, top-k and top-p (nucleus) filtering of log-probabilities (N, V)."""
+    logits = lprobs / opts.temperature
+    if opts.top_k:
+        kth = logits.topk(min(opts.top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    if opts.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum - sorted_logits.softmax(dim=-1) >= opts.top_p  # keep the smallest set reaching top_p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, NEG_INF))
+    return logits
+
+
 @torch.no_grad()
-def greedy_search(model: Seq2SeqTransformer, src: Tensor, max_len_a: float, max_len_b: int) -> list[Hypothesis]:
-    """src: (B, S) -> one hypothesis per sentence, in batch order."""
+def greedy_search(
+    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, generator: torch.Generator | None = None
+) -> list[Hypothesis]:
+    """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
+    `opts.sampling` a token sampled (temperature, top-k, top-p) with `generator`."""
     memory, src_mask, _ = model.encode(src)
     state = model.init_state(memory, src_mask)
-    limits = max_lengths(src, model, max_len_a, max_len_b)  # (B,)
-    B = src.size(0)
-    active = torch.arange(B, device=src.device)  # original row of each decoder row
-    last = torch.full((B, 1), BOS, dtype=torch.long, device=src.device)
-    tokens: list[list[int]] = [[] for _ in range(B)]
-    totals = torch.zeros(B, device=src.device)
+    limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
+    B, device = src.size(0), src.device
+    active = torch.arange(B, device=device)  # original row of each decoder row
+    last = torch.full((B, 1), BOS, dtype=torch.long, device=device)
+    history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
+    totals = torch.zeros(B, device=device)
     results: list[Hypothesis | None] = [None] * B
     step = 0
     while active.numel():
-        lprobs = _log_probs(model, last, state, step >= limits[active])
-        best, nxt = lprobs.max(dim=-1)  # (N,), (N,)
-        totals[active] += best
+        lprobs = step_log_probs(model, last, state, step, limits[active], history, opts)
+        if opts.sampling:
+            probs = _filter_for_sampling(lprobs, opts).softmax(dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
+        else:
+            nxt = lprobs.argmax(dim=-1)  # (N,)
+        totals[active] += lprobs.gather(1, nxt[:, None]).squeeze(1)
         done = nxt == EOS
-        for row, tok, fin in zip(active.tolist(), nxt.tolist(), done.tolist()):
-            if fin:
-                results[row] = Hypothesis(tokens[row], totals[row].item(), totals[row].item())
-            else:
-                tokens[row].append(tok)
-        keep = (~done).nonzero().squeeze(1)
-        if keep.numel() < active.numel():
+        if done.any():
+            for row in done.nonzero().squeeze(1).tolist():
+                orig = int(active[row])
+                total = totals[orig].item()
+                results[orig] = Hypothesis(history[row].tolist(), total / length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type), total)
+            keep = (~done).nonzero().squeeze(1)
             state.select(keep)
-            active, nxt = active[keep], nxt[keep]
+            active, nxt, history = active[keep], nxt[keep], history[keep]
+        history = torch.cat([history, nxt[:, None]], dim=1)
         last = nxt[:, None]
         step += 1
     return results  # type: ignore[return-value]
 
 
 @torch.no_grad()
-def beam_search(
-    model: Seq2SeqTransformer,
-    src: Tensor,
-    beam_size: int,
-    length_penalty: float,
-    max_len_a: float,
-    max_len_b: int,
-    nbest: int = 1,
-) -> list[list[Hypothesis]]:
+def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
     """src: (B, S) -> for each sentence its `nbest` hypotheses, best first.
 
     Each step scores all K*V continuations of every sentence, keeps the top 2K so that beams
     ending in EOS do not starve the others, moves EOS candidates ranked within the top K to
-    the finished list (score / length**length_penalty, length counting EOS), and continues
-    with the best K others. A sentence stops once it has K finished hypotheses.
+    the finished list, and continues with the best K others. A sentence stops once it has
+    K finished hypotheses.
     """
-    K = beam_size
+    K = opts.beam_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
     B, device = src.size(0), src.device
     memory, src_mask, _ = model.encode(src)
-    limits = max_lengths(src, model, max_len_a, max_len_b)  # (B,)
-    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
-    state = model.init_state(memory, src_mask.repeat_interleave(K, dim=0))
+    limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
+    state = model.init_state(memory.repeat_interleave(K, dim=0), src_mask.repeat_interleave(K, dim=0))
     active = torch.arange(B, device=device)  # original sentence of each beam group
-    scores = torch.full((B, K), float("-inf"), device=device)
+    scores = torch.full((B, K), NEG_INF, device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    history = torch.full((B * K, 0), BOS, dtype=torch.long, device=device)  # (B*K, t) tokens so far
+    history = torch.zeros((B * K, 0), dtype=torch.long, device=device)  # (b*K, t)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     last = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
     step = 0
     while active.numel():
         b = active.numel()
-        force = (step >= limits[active]).repeat_interleave(K)  # (b*K,)
-        lprobs = _log_probs(model, last, state, force)
+        row_limits = limits[active].repeat_interleave(K)  # (b*K,)
+        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)
         V = lprobs.size(-1)
         cand = (scores[:, :, None] + lprobs.view(b, K, V)).view(b, K * V)  # (b, K*V)
         top_scores, top_idx = cand.topk(2 * K, dim=1)  # (b, 2K)
@@ -124,21 +178,20 @@ def beam_search(
         is_eos = top_tok == EOS
         ended = is_eos[:, :K] & top_scores[:, :K].isfinite()  # (b, K)
         if ended.any():
+            lp = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
             hist = history.view(b, K, -1)
             for i, j in ended.nonzero().tolist():
                 raw = top_scores[i, j].item()
-                toks = hist[i, top_beam[i, j]].tolist()
-                norm = raw / float(step + 1) ** length_penalty
-                finished[active[i].item()].append(Hypothesis(toks, norm, raw))
+                finished[int(active[i])].append(Hypothesis(hist[i, top_beam[i, j]].tolist(), raw / lp, raw))
         # The K best candidates that do not end here continue.
-        cont_scores, pos = top_scores.masked_fill(is_eos, float("-inf")).topk(K, dim=1)  # (b, K)
+        cont_scores, pos = top_scores.masked_fill(is_eos, NEG_INF).topk(K, dim=1)  # (b, K)
         cont_beam, cont_tok = top_beam.gather(1, pos), top_tok.gather(1, pos)
         rows = (torch.arange(b, device=device)[:, None] * K + cont_beam).view(-1)  # (b*K,)
         history = torch.cat([history.index_select(0, rows), cont_tok.view(-1, 1)], dim=1)
         state.reorder(rows)
         scores, last = cont_scores, cont_tok.view(-1, 1)
-        at_limit = step >= limits[active]
-        done = torch.tensor([len(finished[s]) >= K for s in active.tolist()], device=device) | at_limit
+        counts = torch.tensor([len(finished[s]) for s in active.tolist()], device=device)
+        done = (counts >= K) | (step >= limits[active]) | ~cont_scores[:, 0].isfinite()
         if done.any():
             keep = (~done).nonzero().squeeze(1)  # (b',)
             keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
@@ -149,16 +202,19 @@ def beam_search(
     return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]
 
 
-def search(
-    model: Seq2SeqTransformer,
-    src: Tensor,
-    beam_size: int,
-    length_penalty: float,
-    max_len_a: float,
-    max_len_b: int,
-    nbest: int = 1,
-) -> list[list[Hypothesis]]:
-    """Greedy search for beam size 1 with one output, beam search otherwise."""
-    if beam_size == 1 and nbest == 1:
-        return [[h] for h in greedy_search(model, src, max_len_a, max_len_b)]
-    return beam_search(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest)
+@torch.no_grad()
+def sample(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
+    """`nbest` independent samples per sentence, reproducible from `opts.seed`; best first."""
+    generator = torch.Generator(device=src.device).manual_seed(opts.seed)
+    hyps = greedy_search(model, src.repeat_interleave(nbest, dim=0), opts, generator)
+    groups = [hyps[i * nbest : (i + 1) * nbest] for i in range(src.size(0))]
+    return [sorted(g, key=lambda h: h.score, reverse=True) for g in groups]
+
+
+def search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Sampling when asked, greedy search for beam size 1 and one output, beam search otherwise."""
+    if opts.sampling:
+        return sample(model, src, opts, nbest)
+    if opts.beam_size == 1 and nbest == 1:
+        return [[h] for h in greedy_search(model, src, opts)]
+    return beam_search(model, src, opts, nbest)

@@ -3,7 +3,11 @@
 Input is read in chunks; each chunk is sorted by length, cut into batches by a source-token
 budget, decoded, detokenised and written back in input order, so memory stays bounded on
 large files and the output lines match the input lines one for one (an empty input line
-gives an empty output line).
+gives an empty output line). With --nbest N each input gives N consecutive lines.
+
+Attention-based extras (hard alignments, attention heatmaps, unknown-token replacement)
+re-run the finished hypotheses through the decoder with the explicit attention path, so
+search itself stays on the fast path.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Iterable, Iterator, TextIO
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from seq2seq_cli.checkpoint import atomic_write, load_checkpoint
 from seq2seq_cli.config import DecodeConfig
@@ -23,7 +28,27 @@ from seq2seq_cli.data import pad_batch, token_batches
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import EOS, load_tokenizers
+from seq2seq_cli.tokenizer import BOS, EOS, UNK, load_tokenizers
+
+
+@dataclass
+class OutputOptions:
+    """What each output line carries besides the translation."""
+
+    nbest: int = 1
+    scores: bool = False  # append "\tSCORE"
+    alignment: bool = False  # append "\tSRC-TGT ..." (subword positions, argmax cross-attention)
+    attention_plots: Path | None = None  # one PNG heatmap per sentence
+    attention_layer: int = -1  # decoder layer whose cross-attention is used
+    attention_head: int | None = None  # None = mean over heads
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available; use --device auto or cpu")
+    return torch.device(name)
 
 
 @dataclass
@@ -37,69 +62,152 @@ class Translator:
     device: torch.device
 
     @classmethod
-    def load(cls, model_path: str | Path, device: str = "auto", **overrides: object) -> Translator:
-        dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
+        """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
+        decode settings and are validated like the config."""
+        dev = pick_device(device)
         model, config, run_dir, _ = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
         settings = config.decode.model_dump()
-        settings.update({k: v for k, v in overrides.items() if v is not None})
+        settings.update(overrides or {})
         try:
             decode = DecodeConfig(**settings)
         except ValueError as exc:
-            raise UserError(str(exc).splitlines()[0]) from None
+            raise UserError(f"decoding options: {str(exc).splitlines()[-1].strip()}") from None
         return cls(model, src_sp, tgt_sp, decode, dev)
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        """Source ids + EOS, truncated to what the model's positions allow."""
+        limit = self.model.cfg.max_positions - 1
+        return [s[: limit - 1] + [EOS] for s in self.src_sp.encode(lines)]
 
     def translate_hypotheses(self, lines: list[str], nbest: int = 1) -> list[list[Hypothesis]]:
         """Decode a list of sentences -> their n-best hypotheses, in input order."""
         d = self.decode
-        limit = self.model.cfg.max_positions - 1
-        ids = [s[: limit - 1] + [EOS] for s in self.src_sp.encode(lines)]
-        out: list[list[Hypothesis]] = [[] for _ in lines]
+        if not d.sampling and nbest > d.beam_size:
+            raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
+        ids = self.encode(lines)
+        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         lens = np.array([len(ids[i]) for i in todo], dtype=np.int64)
-        budget = max(d.batch_tokens // d.beam_size, 1)
+        budget = max(d.batch_tokens // max(d.beam_size, nbest), 1)
         for batch in token_batches(lens, lens, budget):
             rows = [todo[j] for j in batch]
             src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-            hyps = search(self.model, src, d.beam_size, d.length_penalty, d.max_len_a, d.max_len_b, nbest)
-            for i, h in zip(rows, hyps):
-                out[i] = h
-        for i in set(range(len(lines))) - set(todo):
-            out[i] = [Hypothesis([], 0.0, 0.0)] * nbest
+            for i, hyps in zip(rows, search(self.model, src, d, nbest)):
+                out[i] = hyps
         return out
-
-    def detokenize(self, hyp: Hypothesis) -> str:
-        return self.tgt_sp.decode(hyp.tokens)
 
     def translate(self, lines: list[str]) -> list[str]:
         """Translate sentences (1-best) in input order."""
-        return [self.detokenize(h[0]) for h in self.translate_hypotheses(lines)]
+        return [self.tgt_sp.decode(h[0].tokens) for h in self.translate_hypotheses(lines)]
 
-    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 10000) -> Iterator[str]:
-        """Translate an iterable of lines chunk by chunk; yields one output line per input line."""
+    def cross_attention(self, src_ids: list[int], tokens: list[int], layer: int, head: int | None) -> Tensor:
+        """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
+        tokens then EOS, columns are source subwords then EOS."""
+        src = torch.tensor([src_ids], device=self.device)
+        tgt_in = torch.tensor([[BOS] + tokens], device=self.device)
+        with torch.no_grad():
+            memory, src_mask, _ = self.model.encode(src)
+            _, weights = self.model.decode(tgt_in, self.model.init_state(memory, src_mask), need_weights=True)
+        w = weights[layer][0]  # (H, T+1, S)
+        return (w.mean(dim=0) if head is None else w[head]).float().cpu()
+
+    def render(self, tokens: list[int], src_line: str, attention: Tensor | None) -> str:
+        """Detokenise; with replace_unk, each UNK becomes the most attended source piece."""
+        if not (self.decode.replace_unk and UNK in tokens and attention is not None):
+            return self.tgt_sp.decode(tokens)
+        surfaces = [p.surface for p in self.src_sp.encode(src_line, return_type="proto").pieces]
+        text = []
+        for j, tok in enumerate(tokens):
+            if tok == UNK:
+                i = int(attention[j, : len(surfaces)].argmax()) if surfaces else 0
+                text.append(surfaces[i] if surfaces else "")
+            else:
+                text.append(self.tgt_sp.id_to_piece(tok).replace("\u2581", " "))
+        return "".join(text).strip()
+
+    def format(self, index: int, src_line: str, src_ids: list[int], hyps: list[Hypothesis], opts: OutputOptions) -> list[str]:
+        """Output lines for one input sentence (n-best, with optional scores and alignment)."""
+        lines = []
+        wants_attention = opts.alignment or opts.attention_plots or self.decode.replace_unk
+        for rank, h in enumerate(hyps):
+            attention = None
+            if wants_attention and src_line.strip():
+                attention = self.cross_attention(src_ids, h.tokens, opts.attention_layer, opts.attention_head)
+            line = self.render(h.tokens, src_line, attention)
+            if opts.scores:
+                line += f"\t{h.score:.4f}"
+            if opts.alignment:
+                pairs = [] if attention is None else attention[: len(h.tokens), : len(src_ids) - 1].argmax(dim=1).tolist()
+                line += "\t" + " ".join(f"{i}-{j}" for j, i in enumerate(pairs))
+            if opts.attention_plots and rank == 0 and attention is not None:
+                plot_attention(
+                    attention, [self.src_sp.id_to_piece(t) for t in src_ids[:-1]] + ["</s>"],
+                    [self.tgt_sp.id_to_piece(t) for t in h.tokens] + ["</s>"],
+                    opts.attention_plots / f"{index + 1:06d}.png",
+                )
+            lines.append(line)
+        return lines
+
+    def translate_stream(
+        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = 10000, progress: object | None = None
+    ) -> Iterator[str]:
+        """Translate an iterable of lines chunk by chunk; yields the output lines in order.
+        `progress` (a tqdm bar) advances by each translated chunk."""
         it = iter(lines)
+        done = 0
         while chunk := [line.rstrip("\r\n") for line in islice(it, chunk_lines)]:
-            yield from self.translate(chunk)
+            ids = self.encode(chunk)
+            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest)):
+                yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
+            done += len(chunk)
+            if progress is not None:
+                progress.update(len(chunk))
+
+
+def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path) -> None:
+    """Heatmap of cross-attention (target pieces x source pieces) written as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T, S = weights.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * S + 1.5), max(3.0, 0.35 * T + 1.0)))
+    ax.imshow(weights.numpy(), cmap="Greys", vmin=0.0, aspect="auto")
+    ax.set_xticks(range(S), src_pieces, rotation=90, fontsize=8)
+    ax.set_yticks(range(T), tgt_pieces, fontsize=8)
+    ax.set_xlabel("source")
+    ax.set_ylabel("output")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
 
 
 def read_lines(path: Path) -> list[str]:
     """All lines of a UTF-8 text file, with a clear error for a missing file or bad encoding."""
     if not path.is_file():
         raise UserError(f"{path}: input file not found")
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         offset = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1)
         raise UserError(f"{path}:{line}: invalid UTF-8 at byte {offset} of the line ({exc.reason})") from None
-    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n") if text else []
+    if not text:
+        return []
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> int:
     """Write lines to `path` atomically (temp file, then rename); returns the number written."""
-    if not path.parent.exists():
+    if not path.parent.is_dir():
         raise UserError(f"{path}: output directory {path.parent} does not exist")
     count = 0
 
@@ -114,28 +222,34 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
     return count
 
 
-def translate_file(translator: Translator, src: str, out: str, progress: bool = True) -> int:
-    """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of lines."""
+def translate_file(translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True) -> int:
+    """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of output lines.
+
+    A terminal on stdin is answered line by line; files and pipes go in large chunks.
+    """
     from tqdm import tqdm
 
+    opts = opts or OutputOptions()
+    if out != "-" and not Path(out).parent.is_dir():
+        raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
     if src == "-":
-        interactive = sys.stdin.isatty()
         stream: Iterable[str] = sys.stdin
-        chunk = 1 if interactive else 10000
+        chunk = 1 if sys.stdin.isatty() else 10000
     else:
         stream = read_lines(Path(src))
         chunk = 10000
     total = len(stream) if isinstance(stream, list) else None
-    outputs = translator.translate_stream(
-        tqdm(stream, total=total, unit="sent", disable=not progress or total is None, file=sys.stderr), chunk
-    )
-    if out == "-":
-        count = 0
-        sink: TextIO = sys.stdout
-        for line in outputs:
-            sink.write(line + "\n")
-            if chunk == 1:
-                sink.flush()
-            count += 1
+    bar = tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr)
+    outputs = translator.translate_stream(stream, opts, chunk, bar)
+    if out != "-":
+        count = write_lines(Path(out), outputs)
+        bar.close()
         return count
-    return write_lines(Path(out), outputs)
+    count = 0
+    sink: TextIO = sys.stdout
+    for line in outputs:
+        sink.write(line + "\n")
+        if chunk == 1:
+            sink.flush()
+        count += 1
+    return count

@@ -2,7 +2,7 @@
 
 import torch
 
-from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.config import DecodeConfig, ModelConfig
 from seq2seq_cli.data import pad_batch
 from seq2seq_cli.model import build_model
 from seq2seq_cli.search import beam_search, greedy_search
@@ -39,8 +39,8 @@ def test_reverse_task_is_learned_to_exact_match():
     model.eval()
     test = _examples(100, torch.Generator().manual_seed(123))
     src = pad_batch(test, [], [EOS])
-    greedy = [h.tokens for h in greedy_search(model, src, 1.0, 2)]
-    beam = [n[0].tokens for n in beam_search(model, src, 4, 1.0, 1.0, 2)]
+    greedy = [h.tokens for h in greedy_search(model, src, DecodeConfig(beam_size=1, max_len_a=1.0, max_len_b=2))]
+    beam = [n[0].tokens for n in beam_search(model, src, DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=2))]
     expected = [s[::-1] for s in test]
     assert greedy == expected
     assert beam == expected

@@ -1,0 +1,111 @@
+"""Translation of files: order, empty lines, n-best, scores, alignments, plots, sampling."""
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, SHIPPED
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import load_config
+from seq2seq_cli.train import train
+from seq2seq_cli.translate import OutputOptions, Translator
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split."""
+    tmp = tmp_path_factory.mktemp("translate")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    for split in ("train", "valid"):
+        raw["data"][split] = str(SHIPPED / "valid")
+    raw["train"]["max_steps"] = 40
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return train(load_config(path), progress=False, log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    lines = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:30]
+    random.Random(0).shuffle(lines)  # lengths in no particular order
+    return lines
+
+
+def test_output_order_equals_input_order(run_dir, sentences):
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 2, "batch_tokens": 64})
+    together = tr.translate(sentences)
+    alone = [tr.translate([s])[0] for s in sentences]
+    assert together == alone
+
+
+def test_empty_lines_stay_in_place(run_dir, sentences, tmp_path):
+    lines = sentences[:6]
+    lines[1:1] = [""]
+    lines[4:4] = ["   "]
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    got = out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(got) == len(lines)
+    assert got[1] == "" and got[4] == ""
+    tr = Translator.load(run_dir, "cpu")
+    assert [g for i, g in enumerate(got) if i not in (1, 4)] == tr.translate([l for i, l in enumerate(lines) if i not in (1, 4)])
+
+
+def test_nbest_with_scores(run_dir, sentences):
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3", "--nbest", "3", "--scores"], input="\n".join(sentences[:4]) + "\n")
+    assert r.exit_code == 0, r.output
+    rows = r.stdout.splitlines()
+    assert len(rows) == 12
+    for k in range(4):
+        scores = [float(row.rsplit("\t", 1)[1]) for row in rows[3 * k : 3 * k + 3]]
+        assert scores == sorted(scores, reverse=True)
+    one = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3"], input="\n".join(sentences[:4]) + "\n")
+    assert one.stdout.splitlines() == [rows[3 * k].rsplit("\t", 1)[0] for k in range(4)]
+
+
+def test_nbest_larger_than_beam_is_a_one_line_error(run_dir):
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "2", "--nbest", "3"], input="hola\n")
+    assert r.exit_code != 0
+    assert r.stderr.strip() == "error: --nbest 3 is larger than the beam size 2; raise --beam-size"
+
+
+def test_alignment_and_attention_plots(run_dir, sentences, tmp_path):
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 1})
+    plots = tmp_path / "plots"
+    opts = OutputOptions(alignment=True, attention_plots=plots)
+    rows = list(tr.translate_stream(sentences[:3], opts))
+    ids = tr.encode(sentences[:3])
+    hyps = tr.translate_hypotheses(sentences[:3])
+    for row, src_ids, h in zip(rows, ids, hyps):
+        text, align = row.split("\t")
+        pairs = [tuple(map(int, p.split("-"))) for p in align.split()]
+        assert [j for _, j in pairs] == list(range(len(h[0].tokens)))
+        assert all(0 <= i < len(src_ids) - 1 for i, _ in pairs)
+    pngs = sorted(p.name for p in plots.iterdir())
+    assert pngs == ["000001.png", "000002.png", "000003.png"]
+    assert all((plots / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_sampling_from_the_cli_is_reproducible(run_dir, sentences):
+    args = ["translate", "-m", str(run_dir), "--sampling", "--top-k", "10", "--seed", "3"]
+    text = "\n".join(sentences[:5]) + "\n"
+    a, b = runner.invoke(app, args, input=text), runner.invoke(app, args, input=text)
+    assert a.exit_code == 0, a.output
+    assert a.stdout == b.stdout and len(a.stdout.splitlines()) == 5
+
+
+def test_output_directory_missing_is_a_one_line_error(run_dir, tmp_path):
+    out = tmp_path / "no" / "such" / "out.txt"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-o", str(out)], input="hola\n")
+    assert r.exit_code != 0
+    assert r.stderr.strip() == f"error: {out}: output directory {out.parent} does not exist"
+    assert not out.parent.exists()
