@@ -28,12 +28,33 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override a config key: --set train.max_steps=2000 (repeatable)."),
 ]
 ModelOpt = Annotated[Path, typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint) or a checkpoint file.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
+
+# Decoding flags shared by translate and evaluate; None = the run's own decode.* setting.
 BeamOpt = Annotated[Optional[int], typer.Option("--beam-size", "-b", min=1, help="Beam size; 1 = greedy. Default: the run's decode.beam_size.")]
-PenaltyOpt = Annotated[Optional[float], typer.Option("--length-penalty", help="Hypothesis score = log-prob / length**ALPHA. Default: decode.length_penalty.")]
+PenaltyOpt = Annotated[Optional[float], typer.Option("--length-penalty", help="Alpha of the length penalty. Default: decode.length_penalty.")]
+PenaltyTypeOpt = Annotated[Optional[str], typer.Option("--length-penalty-type", help="average: log P / len**alpha (fairseq, HF, CTranslate2); gnmt: log P / ((5+len)/6)**alpha (OpenNMT, JoeyNMT).")]
 LenAOpt = Annotated[Optional[float], typer.Option("--max-len-a", min=0, help="Output limit a*source_len+b: the a. Default: decode.max_len_a.")]
 LenBOpt = Annotated[Optional[int], typer.Option("--max-len-b", min=0, help="Output limit a*source_len+b: the b. Default: decode.max_len_b.")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", min=1, help="Source tokens per batch (times beam). Default: decode.batch_tokens.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
+MinLenOpt = Annotated[Optional[int], typer.Option("--min-len", min=0, help="No end of sentence before this many output tokens.")]
+NgramOpt = Annotated[Optional[int], typer.Option("--no-repeat-ngram-size", min=0, help="Never repeat an n-gram of this size; 0 = off.")]
+BanUnkOpt = Annotated[Optional[bool], typer.Option("--ban-unk/--allow-unk", help="Never produce the unknown token.")]
+ReplaceUnkOpt = Annotated[Optional[bool], typer.Option("--replace-unk/--keep-unk", help="Replace unknown output tokens by the most attended source piece.")]
+SamplingOpt = Annotated[Optional[bool], typer.Option("--sampling/--search", help="Sample outputs (temperature, top-k, top-p) instead of searching.")]
+TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature.")]
+TopKOpt = Annotated[Optional[int], typer.Option("--top-k", min=0, help="Sample among the k most likely tokens; 0 = all.")]
+TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability.")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling: the same seed gives the same outputs.")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", min=1, help="Source tokens per batch (divided by the beam). Default: decode.batch_tokens.")]
+DECODE_FLAGS = (
+    "beam_size", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
+    "ban_unk", "replace_unk", "sampling", "temperature", "top_k", "top_p", "seed", "batch_tokens",
+)
+
+
+def decode_overrides(values: dict[str, object]) -> dict[str, object]:
+    """The decoding flags given on the command line (a command's locals()), by DecodeConfig key."""
+    return {k: values[k] for k in DECODE_FLAGS if values.get(k) is not None}
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -92,22 +113,41 @@ def translate(
     model: ModelOpt,
     input: Annotated[str, typer.Option("--input", "-i", help="Text file to translate, one sentence per line; - = stdin.")] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Where translations go, line by line; - = stdout.")] = "-",
+    nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each input, N consecutive lines.")] = 1,
+    scores: Annotated[bool, typer.Option("--scores", help="Append a tab and the hypothesis score to each line.")] = False,
+    alignment: Annotated[bool, typer.Option("--alignment", help="Append a tab and hard alignments SRC-TGT (subword positions, argmax of cross-attention).")] = False,
+    attention_plots: Annotated[Optional[Path], typer.Option("--attention-plots", help="Write one cross-attention heatmap PNG per sentence into this directory.")] = None,
+    attention_layer: Annotated[int, typer.Option("--attention-layer", help="Decoder layer for alignments and plots; -1 = last.")] = -1,
+    attention_head: Annotated[Optional[int], typer.Option("--attention-head", min=0, help="One head for alignments and plots; default the mean over heads.")] = None,
+    device: DeviceOpt = "auto",
+    progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
     beam_size: BeamOpt = None,
     length_penalty: PenaltyOpt = None,
+    length_penalty_type: PenaltyTypeOpt = None,
     max_len_a: LenAOpt = None,
     max_len_b: LenBOpt = None,
+    min_len: MinLenOpt = None,
+    no_repeat_ngram_size: NgramOpt = None,
+    ban_unk: BanUnkOpt = None,
+    replace_unk: ReplaceUnkOpt = None,
+    sampling: SamplingOpt = None,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    seed: SeedOpt = None,
     batch_tokens: BatchOpt = None,
-    device: DeviceOpt = "auto",
-    progress: Annotated[bool, typer.Option(help="Show a progress bar for files.")] = True,
 ) -> None:
-    """Translate a file or stdin; output lines match input lines one for one."""
-    from seq2seq_cli.translate import Translator, translate_file
+    """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
+    from seq2seq_cli.translate import OutputOptions, Translator, translate_file
 
-    translator = Translator.load(
-        model, device, beam_size=beam_size, length_penalty=length_penalty,
-        max_len_a=max_len_a, max_len_b=max_len_b, batch_tokens=batch_tokens,
-    )
-    count = translate_file(translator, input, output, progress=progress)
+    translator = Translator.load(model, device, decode_overrides(locals()))
+    layers = translator.model.cfg.decoder_layers
+    if not -layers <= attention_layer < layers:
+        raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
+    if attention_head is not None and attention_head >= translator.model.cfg.heads:
+        raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
+    opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head)
+    count = translate_file(translator, input, output, opts, progress=progress)
     if output != "-":
         typer.echo(f"wrote {count} lines to {output}", err=True)
 
@@ -123,8 +163,18 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON line.")] = False,
     beam_size: BeamOpt = None,
     length_penalty: PenaltyOpt = None,
+    length_penalty_type: PenaltyTypeOpt = None,
     max_len_a: LenAOpt = None,
     max_len_b: LenBOpt = None,
+    min_len: MinLenOpt = None,
+    no_repeat_ngram_size: NgramOpt = None,
+    ban_unk: BanUnkOpt = None,
+    replace_unk: ReplaceUnkOpt = None,
+    sampling: SamplingOpt = None,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    seed: SeedOpt = None,
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
 ) -> None:
@@ -139,10 +189,7 @@ def evaluate(
     if model is not None:
         from seq2seq_cli.translate import Translator
 
-        translator = Translator.load(
-            model, device, beam_size=beam_size, length_penalty=length_penalty,
-            max_len_a=max_len_a, max_len_b=max_len_b, batch_tokens=batch_tokens,
-        )
+        translator = Translator.load(model, device, decode_overrides(locals()))
     scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output)
     if as_json:
         typer.echo(json.dumps(scores.as_dict()))
