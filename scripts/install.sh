@@ -10,5 +10,5 @@ PYTHON=${PYTHON:-python3}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,ctranslate2]"
 .venv/bin/python -c "import seq2seq_cli, torch, sentencepiece, datasets, sacrebleu" 

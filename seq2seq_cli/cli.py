@@ -109,6 +109,31 @@ def train(
 
 @app.command()
 @user_errors
+def info(
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config: the model it describes, vocabulary tokenizer.vocab_size.")] = None,
+    set_: SetOpt = None,
+    model: Annotated[Optional[Path], typer.Option("--model", "-m", help="A trained run directory or checkpoint instead of --config.")] = None,
+    src_len: Annotated[int, typer.Option("--src-len", min=1, help="Source tokens per sentence for the FLOP estimates.")] = 32,
+    tgt_len: Annotated[int, typer.Option("--tgt-len", min=1, help="Target tokens per sentence for the FLOP estimates.")] = 32,
+) -> None:
+    """Parameters per part (tied parts counted once), FLOPs per token and memory of a model."""
+    from seq2seq_cli.info import info_report, model_from_config
+
+    if (config is None) == (model is None):
+        raise UserError("give either --config FILE (the model it describes) or --model RUN (a trained model)")
+    if model is not None:
+        if set_:
+            raise UserError("--set changes a config; it goes with --config, not --model")
+        from seq2seq_cli.checkpoint import load_checkpoint
+
+        net = load_checkpoint(model)[0]
+    else:
+        net = model_from_config(_load(config, set_))
+    typer.echo(info_report(net, src_len, tgt_len))
+
+
+@app.command()
+@user_errors
 def translate(
     model: ModelOpt,
     input: Annotated[str, typer.Option("--input", "-i", help="Text file to translate, one sentence per line; - = stdin.")] = "-",
@@ -196,6 +221,23 @@ def evaluate(
     else:
         typer.echo(scores.bleu_line)
         typer.echo(scores.chrf_line)
+
+
+@app.command()
+@user_errors
+def export(
+    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into.")],
+    model: ModelOpt,
+    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
+) -> None:
+    """Export a trained model for another inference engine (CTranslate2)."""
+    from seq2seq_cli.export import export_ctranslate2
+
+    if format != "ctranslate2":
+        raise UserError(f"--format {format!r}: supported formats: ctranslate2")
+    typer.echo(f"wrote {export_ctranslate2(model, output, quantization, force)}")
 
 
 def main() -> None:

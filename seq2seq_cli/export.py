@@ -1,0 +1,115 @@
+"""Export a trained run to other inference engines.
+
+CTranslate2 (`pip install 'seq2seq[ctranslate2]'`): the weights are mapped onto its
+Transformer specification (post- or pre-norm, scaled embeddings, our positional table
+exported as-is, tied output projection), with the SentencePiece pieces as vocabulary.
+The exported model expects SentencePiece pieces as input tokens; CTranslate2 appends the
+end-of-sentence token itself and starts decoding from `<s>`, as our search does.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from seq2seq_cli.checkpoint import load_checkpoint
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.model import MultiHeadAttention, Seq2SeqTransformer
+from seq2seq_cli.tokenizer import load_tokenizers
+
+
+def _linear(spec, layer) -> None:
+    spec.weight = layer.weight.detach().float().numpy()
+    if layer.bias is not None:
+        spec.bias = layer.bias.detach().float().numpy()
+
+
+def _norm(spec, norm) -> None:
+    spec.gamma = norm.weight.detach().float().numpy()
+    spec.beta = norm.bias.detach().float().numpy()
+
+
+def _attention(spec, attn: MultiHeadAttention, self_attention: bool) -> None:
+    from ctranslate2.converters.utils import fuse_linear
+    from ctranslate2.specs import common_spec
+
+    if self_attention:
+        parts = [common_spec.LinearSpec() for _ in range(3)]
+        for part, layer in zip(parts, (attn.w_q, attn.w_k, attn.w_v)):
+            _linear(part, layer)
+        fuse_linear(spec.linear[0], parts)
+    else:
+        _linear(spec.linear[0], attn.w_q)
+        parts = [common_spec.LinearSpec() for _ in range(2)]
+        for part, layer in zip(parts, (attn.w_k, attn.w_v)):
+            _linear(part, layer)
+        fuse_linear(spec.linear[1], parts)
+    _linear(spec.linear[-1], attn.w_o)
+
+
+def _inputs(spec, embed) -> None:
+    table = embed.positions.weight if embed.learned else embed.table
+    spec.position_encodings.encodings = table.detach().float().numpy()
+    emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    emb.weight = embed.tokens.weight.detach().float().numpy()
+    spec.scale_embeddings = math.sqrt(embed.tokens.embedding_dim)
+
+
+def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab: list[str]):
+    """Build a CTranslate2 TransformerSpec holding the model's weights."""
+    from ctranslate2.specs import transformer_spec
+
+    cfg = model.cfg
+    if cfg.head_q_k_size != cfg.head_v_size or cfg.head_q_k_size * cfg.heads != cfg.d_model:
+        raise UserError("CTranslate2 export needs q_k_size = v_size = d_model / heads")
+    pre = cfg.norm == "pre"
+    spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=pre)
+    enc, dec = spec.encoder, spec.decoder
+    _inputs(enc, model.src_embed)
+    _inputs(dec, model.tgt_embed)
+    for layer_spec, layer in zip(enc.layer, model.encoder):
+        _attention(layer_spec.self_attention, layer.self_attn, True)
+        _norm(layer_spec.self_attention.layer_norm, layer.attn_block.norm)
+        _linear(layer_spec.ffn.linear_0, layer.ffn.w_1)
+        _linear(layer_spec.ffn.linear_1, layer.ffn.w_2)
+        _norm(layer_spec.ffn.layer_norm, layer.ffn_block.norm)
+    for layer_spec, layer in zip(dec.layer, model.decoder):
+        _attention(layer_spec.self_attention, layer.self_attn, True)
+        _norm(layer_spec.self_attention.layer_norm, layer.self_block.norm)
+        _attention(layer_spec.attention, layer.cross_attn, False)
+        _norm(layer_spec.attention.layer_norm, layer.cross_block.norm)
+        _linear(layer_spec.ffn.linear_0, layer.ffn.w_1)
+        _linear(layer_spec.ffn.linear_1, layer.ffn.w_2)
+        _norm(layer_spec.ffn.layer_norm, layer.ffn_block.norm)
+    if pre:
+        _norm(enc.layer_norm, model.encoder_norm)
+        _norm(dec.layer_norm, model.decoder_norm)
+    dec.projection.weight = (
+        model.tgt_embed.tokens.weight if model.output is None else model.output.weight
+    ).detach().float().numpy()
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
+    spec.config.add_source_eos = True
+    spec.config.decoder_start_token = "<s>"
+    return spec
+
+
+def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: str | None = None, force: bool = False) -> Path:
+    """Convert a run (or checkpoint) into a CTranslate2 model directory; returns it."""
+    try:
+        from ctranslate2.converters import Converter
+    except ImportError:
+        raise UserError("CTranslate2 export needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
+    model, config, run_dir, _ = load_checkpoint(model_path, "cpu")
+    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
+    src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
+    tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
+    if output_dir.exists() and any(output_dir.iterdir()) and not force:
+        raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
+
+    class _RunConverter(Converter):
+        def _load(self):
+            return ctranslate2_spec(model, src_vocab, tgt_vocab)
+
+    _RunConverter().convert(str(output_dir), quantization=quantization, force=True)
+    return output_dir

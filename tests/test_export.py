@@ -1,0 +1,54 @@
+"""CTranslate2 export: the exported model's beam search output equals ours token for token."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, SHIPPED
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import load_config
+from seq2seq_cli.train import train
+from seq2seq_cli.translate import Translator
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("export")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
+    raw["model"].update(d_model=64, heads=4, ffn_size=128, encoder_layers=2, decoder_layers=2)
+    raw["train"].update(max_steps=150, lr=0.005, warmup_steps=30)
+    path = tmp / "c.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return train(load_config(path), progress=False, log=lambda _: None)
+
+
+def test_ctranslate2_beam_output_equals_ours(run_dir, tmp_path):
+    out = tmp_path / "ct2"
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", "ctranslate2", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "model.bin").is_file()
+    limit = 60
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 4, "length_penalty": 1.0, "max_len_a": 0.0, "max_len_b": limit})
+    lines = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:36]
+    ours = tr.translate_hypotheses(lines)
+    ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    pieces = [tr.src_sp.encode(line, out_type=str) for line in lines]
+    theirs = ct.translate_batch(pieces, beam_size=4, length_penalty=1.0, max_decoding_length=limit, return_scores=True)
+    for o, t in zip(ours, theirs):
+        assert [tr.tgt_sp.id_to_piece(i) for i in o[0].tokens] == t.hypotheses[0]
+
+
+def test_export_refuses_to_overwrite(run_dir, tmp_path):
+    out = tmp_path / "ct2"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", "ctranslate2", str(out)])
+    assert r.exit_code != 0
+    assert r.stderr.strip() == f"error: {out}: already exists and is not empty; use --force to overwrite"
+    assert (out / "keep.txt").read_text() == "x"
