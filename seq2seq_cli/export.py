@@ -97,7 +97,7 @@ def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab:
 def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: str | None = None, force: bool = False) -> Path:
     """Convert a run (or checkpoint) into a CTranslate2 model directory; returns it."""
     try:
-        from ctranslate2.converters import Converter
+        import ctranslate2  # noqa: F401
     except ImportError:
         raise UserError("CTranslate2 export needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
     model, config, run_dir, _ = load_checkpoint(model_path, "cpu")
@@ -107,9 +107,18 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
         raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
 
-    class _RunConverter(Converter):
+    return convert_ctranslate2(model, src_vocab, tgt_vocab, output_dir, quantization)
+
+
+def convert_ctranslate2(
+    model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab: list[str], output_dir: Path, quantization: str | None = None
+) -> Path:
+    """Write a model (with the given vocabularies) as a CTranslate2 model directory."""
+    from ctranslate2.converters import Converter
+
+    class _ModelConverter(Converter):
         def _load(self):
             return ctranslate2_spec(model, src_vocab, tgt_vocab)
 
-    _RunConverter().convert(str(output_dir), quantization=quantization, force=True)
+    _ModelConverter().convert(str(output_dir), quantization=quantization, force=True)
     return output_dir

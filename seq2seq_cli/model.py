@@ -143,12 +143,17 @@ class LayerCache:
 
 @dataclass
 class DecoderState:
-    """Everything incremental decoding carries between steps."""
+    """Everything incremental decoding carries between steps.
+
+    With `group` > 1 the decoder rows come in groups of `group` consecutive rows (the beams
+    of one sentence) that share one copy of the sentence's cross-attention keys/values and
+    source mask: cross_k is (B, H, S, Dk) while the self-attention cache is (B*group, H, L, Dk).
+    """
 
     layers: list[LayerCache]
     src_mask: Tensor  # (B, 1, 1, S)
     length: int = 0  # target positions already decoded
-    attention: list[Tensor] = field(default_factory=list)  # per step (B, H, S) when recorded
+    group: int = 1  # decoder rows per source sentence
 
     def reorder(self, index: Tensor) -> None:
         """Rows of the self-attention cache follow `index` (beam reordering within a sentence)."""
@@ -157,11 +162,13 @@ class DecoderState:
                 c.self_k, c.self_v = c.self_k.index_select(0, index), c.self_v.index_select(0, index)
 
     def select(self, index: Tensor) -> None:
-        """Keep only the rows in `index` (finished sentences leave the batch)."""
+        """Keep only the decoder rows in `index` (finished sentences leave the batch); with
+        groups, `index` keeps whole groups."""
         self.reorder(index)
+        sentences = index if self.group == 1 else index.view(-1, self.group)[:, 0] // self.group
         for c in self.layers:
-            c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+            c.cross_k, c.cross_v = c.cross_k.index_select(0, sentences), c.cross_v.index_select(0, sentences)
+        self.src_mask = self.src_mask.index_select(0, sentences)
 
 
 class DecoderLayer(nn.Module):
@@ -183,11 +190,17 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         incremental: bool,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D) -> (B, T, D), cross-attention weights (B, H, T, S) or None.
+        need_self_weights: bool = False,
+        group: int = 1,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x: (B, T, D) -> (B, T, D), self-attention weights (B, H, T, L) or None,
+        cross-attention weights (B, H, T, S) or None.
 
         With `incremental`, x holds only the new positions and their keys/values are appended
-        to the cache; otherwise self-attention runs over x alone under `self_mask` (B, 1, T, T).
+        to the cache (L = cached + new positions); otherwise self-attention runs over x alone
+        under `self_mask` (B, 1, T, T) and L = T. `need_weights` asks for the cross-attention
+        weights, `need_self_weights` for the self-attention ones; each switches only its own
+        attention to the explicit path.
         """
         h = self.self_block.input(x)
         k, v = self.self_attn.keys_values(h)  # (B, H, T, Dk), (B, H, T, Dv)
@@ -196,13 +209,15 @@ class DecoderLayer(nn.Module):
                 k = torch.cat([cache.self_k, k], dim=2)  # (B, H, L+T, Dk)
                 v = torch.cat([cache.self_v, v], dim=2)
             cache.self_k, cache.self_v = k, v
-        a, _ = self.self_attn(h, k, v, self_mask)
+        a, self_weights = self.self_attn(h, k, v, self_mask, need_self_weights)
         x = self.self_block.output(x, a)
         h = self.cross_block.input(x)
-        c, weights = self.cross_attn(h, cache.cross_k, cache.cross_v, src_mask, need_weights)
-        x = self.cross_block.output(x, c)
+        if group > 1:  # the `group` rows of a sentence query its one copy of the source keys
+            h = h.reshape(-1, group * h.size(1), h.size(2))  # (B, group*T, D)
+        c, cross_weights = self.cross_attn(h, cache.cross_k, cache.cross_v, src_mask, need_weights)
+        x = self.cross_block.output(x, c.reshape(x.shape))
         x = self.ffn_block.output(x, self.ffn(self.ffn_block.input(x)))
-        return x, weights
+        return x, self_weights, cross_weights
 
 
 def sinusoidal_table(length: int, d_model: int) -> Tensor:
@@ -277,10 +292,14 @@ class Seq2SeqTransformer(nn.Module):
                 weights.append(w)
         return self.encoder_norm(x), mask, weights
 
-    def init_state(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
-        """Compute every layer's cross-attention keys/values once from the encoder output."""
+    def init_state(self, memory: Tensor, src_mask: Tensor, group: int = 1) -> DecoderState:
+        """Compute every layer's cross-attention keys/values once from the encoder output.
+
+        memory: (B, S, D), src_mask: (B, 1, 1, S); `group` decoder rows will share each
+        sentence's keys/values (beam search), so the decoder batch is B * group.
+        """
         layers = [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder]
-        return DecoderState(layers, src_mask)
+        return DecoderState(layers, src_mask, group=group)
 
     def logits(self, h: Tensor) -> Tensor:
         """h: (..., D) -> (..., V)."""
@@ -295,19 +314,48 @@ class Seq2SeqTransformer(nn.Module):
         with it, tgt_in holds the next position(s) only and the self-attention cache grows.
         -> hidden (B, T, D), per-layer cross-attention weights (B, H, T, S) when asked for.
         """
+        h, _, cross = self._decode(tgt_in, state, incremental, need_weights, need_self_weights=False)
+        return h, cross
+
+    def decode_with_weights(
+        self, tgt_in: Tensor, state: DecoderState, incremental: bool = False
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """`decode` that also returns every attention map of the decoder.
+
+        -> hidden (B, T, D), per-layer self-attention weights (B, H, T, L), per-layer
+        cross-attention weights (B, H, T, S); L = T, or cached + new positions when incremental.
+        """
+        return self._decode(tgt_in, state, incremental, need_weights=True, need_self_weights=True)
+
+    def _decode(
+        self, tgt_in: Tensor, state: DecoderState, incremental: bool, need_weights: bool, need_self_weights: bool
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = state.length if incremental else 0
         x = self.tgt_embed(tgt_in, start)
         self_mask = None if incremental and tgt_in.size(1) == 1 else decoder_self_mask(tgt_in, PAD)
         if incremental and tgt_in.size(1) > 1 and state.length:
             raise ValueError("incremental decoding of several positions needs an empty cache")
-        weights = []
+        self_weights, cross_weights = [], []
         for layer, cache in zip(self.decoder, state.layers):
-            x, w = layer(x, self_mask, cache, state.src_mask, incremental, need_weights)
-            if w is not None:
-                weights.append(w)
+            x, s, c = layer(x, self_mask, cache, state.src_mask, incremental, need_weights, need_self_weights, state.group)
+            if s is not None:
+                self_weights.append(s)
+            if c is not None:
+                cross_weights.append(c)
         if incremental:
             state.length += tgt_in.size(1)
-        return self.decoder_norm(x), weights
+        return self.decoder_norm(x), self_weights, cross_weights
+
+    def attention_maps(self, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
+        """Every attention map of a teacher-forced pass, through the explicit attention path.
+
+        src: (B, S), tgt_in: (B, T) -> {"encoder": per layer (B, H, S, S),
+        "decoder": per layer (B, H, T, T), "cross": per layer (B, H, T, S)}.
+        Masked positions (padding, future) have weight exactly 0; each row sums to 1.
+        """
+        memory, src_mask, encoder = self.encode(src, need_weights=True)
+        _, decoder, cross = self.decode_with_weights(tgt_in, self.init_state(memory, src_mask))
+        return {"encoder": encoder, "decoder": decoder, "cross": cross}
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src: (B, S), tgt_in: (B, T) -> logits (B, T, V)."""

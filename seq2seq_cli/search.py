@@ -159,7 +159,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
     B, device = src.size(0), src.device
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
-    state = model.init_state(memory.repeat_interleave(K, dim=0), src_mask.repeat_interleave(K, dim=0))
+    state = model.init_state(memory, src_mask, group=K)  # beams share their sentence's cross keys
     active = torch.arange(B, device=device)  # original sentence of each beam group
     scores = torch.full((B, K), NEG_INF, device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from seq2seq_cli.masks import decoder_self_mask, padding_mask
 from seq2seq_cli.model import attention_with_weights, sinusoidal_table
 from seq2seq_cli.tokenizer import BOS, PAD
 
@@ -118,3 +119,85 @@ def test_sinusoidal_table_values():
     assert table[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * i / 8))).item(), abs=1e-6)
     assert table[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / 8))).item(), abs=1e-6)
     assert torch.all(table[0, 0::2] == 0) and torch.all(table[0, 1::2] == 1)
+
+
+def _padded_batch():
+    """src/tgt with padding in some rows: src lengths 7, 4, 2; tgt lengths 6, 3, 5."""
+    src, tgt = _batch()
+    src[1, 4:], src[2, 2:] = PAD, PAD
+    tgt[1, 3:], tgt[2, 5:] = PAD, PAD
+    return src, tgt
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm": "pre", "q_k_size": 5, "v_size": 11}])
+def test_attention_maps_rows_sum_to_one_and_masked_positions_are_exactly_zero(overrides):
+    model = tiny_model(**overrides)
+    src, tgt = _padded_batch()
+    (B, S), T, H = src.shape, tgt.size(1), 2
+    maps = model.attention_maps(src, tgt)
+    allowed = {
+        "encoder": padding_mask(src, PAD).expand(B, H, S, S),
+        "decoder": decoder_self_mask(tgt, PAD).expand(B, H, T, T),
+        "cross": padding_mask(src, PAD).expand(B, H, T, S),
+    }
+    assert {k: len(v) for k, v in maps.items()} == {"encoder": 2, "decoder": 2, "cross": 2}
+    for kind, layers in maps.items():
+        for w in layers:
+            assert w.shape == allowed[kind].shape
+            assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6)
+            assert torch.all(w[~allowed[kind]] == 0)  # padding and future positions
+            assert torch.all(w[allowed[kind]] > 0)  # nothing else is masked
+    assert not torch.allclose(maps["decoder"][0], maps["decoder"][1])  # one map per layer, not a copy
+
+
+def test_outputs_with_weights_equal_outputs_without():
+    model = tiny_model()
+    src, tgt = _padded_batch()
+    memory, src_mask, none = model.encode(src)
+    memory_w, _, enc_w = model.encode(src, need_weights=True)
+    assert none == [] and len(enc_w) == 2
+    assert (memory_w - memory).abs().max().item() <= 1e-6
+    h, cross_only = model.decode(tgt, model.init_state(memory, src_mask))
+    h_w, self_w, cross_w = model.decode_with_weights(tgt, model.init_state(memory, src_mask))
+    assert cross_only == []
+    assert (h_w - h).abs().max().item() <= 1e-6
+    # decode(need_weights=True) keeps returning the cross-attention weights alone
+    h_c, cross_again = model.decode(tgt, model.init_state(memory, src_mask), need_weights=True)
+    assert (h_c - h).abs().max().item() <= 1e-6
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(cross_again, cross_w))
+    maps = model.attention_maps(src, tgt)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(maps["decoder"], self_w))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(maps["encoder"], enc_w))
+
+
+def test_incremental_weights_equal_rows_of_the_full_maps():
+    model = tiny_model(norm="pre")
+    src, tgt = _batch()
+    src[0, 5:] = PAD
+    maps = model.attention_maps(src, tgt)
+    memory, src_mask, _ = model.encode(src)
+    state = model.init_state(memory, src_mask)
+    for t in range(tgt.size(1)):
+        _, self_w, cross_w = model.decode_with_weights(tgt[:, t : t + 1], state, incremental=True)
+        for layer in range(2):
+            assert self_w[layer].shape == (3, 2, 1, t + 1)  # the cache holds t + 1 keys
+            assert torch.allclose(self_w[layer][:, :, 0], maps["decoder"][layer][:, :, t, : t + 1], atol=1e-6)
+            assert torch.allclose(cross_w[layer][:, :, 0], maps["cross"][layer][:, :, t], atol=1e-6)
+
+
+def test_normal_path_never_computes_explicit_weights(monkeypatch):
+    import seq2seq_cli.model as model_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the explicit attention path ran without being asked for")
+
+    model = tiny_model()
+    src, tgt = _batch()
+    monkeypatch.setattr(model_module, "attention_with_weights", refuse)
+    model(src, tgt)
+    memory, src_mask, _ = model.encode(src)
+    state = model.init_state(memory, src_mask)
+    model.decode(tgt[:, :1], state, incremental=True)
+    model.decode(tgt[:, 1:2], state, incremental=True)
+    with pytest.raises(AssertionError, match="explicit attention path"):
+        model.attention_maps(src, tgt)

@@ -122,14 +122,14 @@ class _NoCache:
     def logits(self, h):
         return self.m.logits(h)
 
-    def init_state(self, memory, src_mask):
-        s = self.m.init_state(memory, src_mask)
-        return _PrefixState(s.layers, s.src_mask)
+    def init_state(self, memory, src_mask, group=1):
+        s = self.m.init_state(memory, src_mask, group)
+        return _PrefixState(s.layers, s.src_mask, group=s.group)
 
     def decode(self, last, state, incremental=False):
         assert incremental
         state.prefix = last if state.prefix is None else torch.cat([state.prefix, last], dim=1)
-        fresh = DecoderState([LayerCache(c.cross_k, c.cross_v) for c in state.layers], state.src_mask)
+        fresh = DecoderState([LayerCache(c.cross_k, c.cross_v) for c in state.layers], state.src_mask, group=state.group)
         h, w = self.m.decode(state.prefix, fresh)
         return h[:, -1:], w
 
