@@ -1,0 +1,118 @@
+"""Training throughput: ours vs HF Transformers MarianMTModel vs torch.nn.Transformer, one run.
+
+Random init, the same shapes, fixed-length batches of random tokens, Adam, label-smoothed
+cross-entropy; tokens/s counts source + target tokens.
+
+    python bench/train_speed.py                     # CPU shape of the training issue
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.model import build_model
+from seq2seq_cli.train import label_smoothed_nll
+
+
+class TorchTransformer(torch.nn.Module):
+    """torch.nn.Transformer with tied embeddings x sqrt(d) and sinusoidal positions."""
+
+    def __init__(self, vocab: int, d: int, heads: int, layers: int, ffn: int) -> None:
+        super().__init__()
+        from seq2seq_cli.model import sinusoidal_table
+
+        self.emb = torch.nn.Embedding(vocab, d, padding_idx=0)
+        self.register_buffer("pe", sinusoidal_table(512, d))
+        self.net = torch.nn.Transformer(d, heads, layers, layers, ffn, dropout=0.1, batch_first=True)
+        self.scale = math.sqrt(d)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        s = self.emb(src) * self.scale + self.pe[: src.size(1)]
+        t = self.emb(tgt) * self.scale + self.pe[: tgt.size(1)]
+        mask = self.net.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
+        h = self.net(s, t, tgt_mask=mask, tgt_is_causal=True)
+        return F.linear(h, self.emb.weight)
+
+
+def measure(step, warmup: int, steps: int, tokens_per_step: int) -> float:
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return steps * tokens_per_step / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--ffn", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--systems", nargs="+", default=["ours", "hf", "nn"])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, args.vocab, (args.batch, args.len), generator=g)
+    tgt = torch.randint(4, args.vocab, (args.batch, args.len + 1), generator=g)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    tokens = args.batch * args.len * 2
+    out: dict[str, float] = {}
+
+    def trainer(model, logits_fn):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+        model.train()
+
+        def step():
+            loss, _, n = label_smoothed_nll(logits_fn(), tgt_out, 0.1)
+            opt.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+        return step
+
+    if "ours" in args.systems:
+        torch.manual_seed(0)
+        cfg = ModelConfig(d_model=args.d_model, heads=args.heads, ffn_size=args.ffn, encoder_layers=args.layers,
+                          decoder_layers=args.layers, dropout=0.1, max_positions=512)
+        m = build_model(cfg, args.vocab, args.vocab, True)
+        out["ours"] = measure(trainer(m, lambda: m(src, tgt_in)), args.warmup, args.steps, tokens)
+    if "hf" in args.systems:
+        from transformers import MarianConfig, MarianMTModel
+
+        torch.manual_seed(0)
+        hf = MarianMTModel(MarianConfig(
+            vocab_size=args.vocab, decoder_vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
+            decoder_layers=args.layers, encoder_attention_heads=args.heads, decoder_attention_heads=args.heads,
+            encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn, max_position_embeddings=512, pad_token_id=0,
+            eos_token_id=3, decoder_start_token_id=2, activation_function="relu", scale_embedding=True,
+            share_encoder_decoder_embeddings=True, dropout=0.1))
+        mask = torch.ones_like(src)
+        out["hf"] = measure(trainer(hf, lambda: hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits),
+                            args.warmup, args.steps, tokens)
+    if "nn" in args.systems:
+        torch.manual_seed(0)
+        nn_model = TorchTransformer(args.vocab, args.d_model, args.heads, args.layers, args.ffn)
+        out["nn.Transformer"] = measure(trainer(nn_model, lambda: nn_model(src, tgt_in)), args.warmup, args.steps, tokens)
+    ratios = {f"ours/{k}": out["ours"] / v for k, v in out.items() if k != "ours" and "ours" in out}
+    print(json.dumps({"args": vars(args), "tokens_per_s": out, "ratios": ratios}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
