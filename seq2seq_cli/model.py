@@ -200,7 +200,8 @@ class DecoderLayer(nn.Module):
         to the cache (L = cached + new positions); otherwise self-attention runs over x alone
         under `self_mask` (B, 1, T, T) and L = T. `need_weights` asks for the cross-attention
         weights, `need_self_weights` for the self-attention ones; each switches only its own
-        attention to the explicit path.
+        attention to the explicit path. With `group` > 1 (beams sharing their sentence's
+        source keys), cross-attention weights come as (B / group, H, group * T, S).
         """
         h = self.self_block.input(x)
         k, v = self.self_attn.keys_values(h)  # (B, H, T, Dk), (B, H, T, Dv)
