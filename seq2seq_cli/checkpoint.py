@@ -1,16 +1,25 @@
 """Checkpoints: weights in safetensors with self-describing metadata, training state loadable
-with `torch.load(weights_only=True)`, every file written atomically (temp file, fsync, rename).
+with `torch.load(weights_only=True)`, every file written atomically (temp file, fsync,
+rename) and listed with its sha256 in a manifest written last, so a checkpoint is complete
+exactly when its manifest exists and the hashes match.
 
 Layout inside a run directory:
-    checkpoints/last.safetensors   weights + metadata of the latest save
-    checkpoints/last.state.pt      optimizer, schedule, RNG and data position (for --resume)
-    checkpoints/best.safetensors   weights with the best validation loss so far
+    checkpoints/step-00001000.{safetensors,state.pt,json}   the last `train.keep_last` saves
+    checkpoints/last.{safetensors,state.pt,json}            the newest save (hard links)
+    checkpoints/best.{safetensors,json}                     lowest validation loss so far
+
+NAME.safetensors holds the weights and metadata (format version, config, vocabulary sizes,
+step); NAME.state.pt the optimizer, RNG states, data position and counters for --resume;
+NAME.json the manifest {"format_version", "step", "sha256": {"weights", "state"}}.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -76,6 +85,104 @@ def read_metadata(path: Path) -> dict[str, str]:
     return meta
 
 
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(ckpt_dir: Path, name: str) -> dict[str, Path]:
+    return {
+        "weights": ckpt_dir / f"{name}.safetensors",
+        "state": ckpt_dir / f"{name}.state.pt",
+        "manifest": ckpt_dir / f"{name}.json",
+    }
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def step_names(ckpt_dir: Path) -> list[str]:
+    """Names of the kept step checkpoints, newest first (complete or not)."""
+    names = {m.group(1) for p in ckpt_dir.glob("step-*.safetensors") if (m := re.fullmatch(r"(step-\d+)\.safetensors", p.name))}
+    return sorted(names, reverse=True)
+
+
+def save_checkpoint(
+    ckpt_dir: Path, step: int, model: Seq2SeqTransformer, config: Config, meta: dict[str, Any],
+    train_state: dict[str, Any], best: bool, keep_last: int,
+) -> None:
+    """Save step-N (weights, training state, then the manifest), point `last` (and `best`
+    when asked) at it with hard links, and delete all but the newest `keep_last` step saves."""
+    name = step_name(step)
+    files = _files(ckpt_dir, name)
+    save_weights(files["weights"], model, config, meta)
+    save_train_state(files["state"], train_state)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "sha256": {"weights": sha256(files["weights"]), "state": sha256(files["state"])},
+    }
+    atomic_write_text(files["manifest"], json.dumps(manifest, indent=1))
+    _link_set(ckpt_dir, name, "last", ("weights", "state", "manifest"))
+    if best:
+        _link_set(ckpt_dir, name, "best", ("weights", "manifest"))
+    for old in step_names(ckpt_dir)[keep_last:]:
+        for path in _files(ckpt_dir, old).values():
+            path.unlink(missing_ok=True)
+
+
+def _link_set(ckpt_dir: Path, src: str, dst: str, roles: tuple[str, ...]) -> None:
+    """Atomically replace each dst file by a hard link to (or, where links fail, a copy of)
+    the src file. The old manifest is removed first and the new one linked last, so at every
+    moment dst is either complete and verified or visibly incomplete (no manifest)."""
+    src_files, dst_files = _files(ckpt_dir, src), _files(ckpt_dir, dst)
+    dst_files["manifest"].unlink(missing_ok=True)
+    for role in roles:
+        tmp = ckpt_dir / f".{dst_files[role].name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            os.link(src_files[role], tmp)
+        except OSError:
+            shutil.copyfile(src_files[role], tmp)
+        os.replace(tmp, dst_files[role])
+
+
+def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool) -> str | None:
+    """None when checkpoint NAME is complete and its files match the manifest's sha256;
+    otherwise what is wrong with it."""
+    files = _files(ckpt_dir, name)
+    if not files["manifest"].is_file():
+        return f"{files['manifest'].name} is missing"
+    try:
+        manifest = json.loads(files["manifest"].read_text(encoding="utf-8"))
+        hashes = manifest["sha256"]
+    except (ValueError, KeyError, TypeError):
+        return f"{files['manifest'].name} is not a valid manifest"
+    for role in ("weights", "state") if need_state else ("weights",):
+        if not files[role].is_file():
+            return f"{files[role].name} is missing"
+        if sha256(files[role]) != hashes.get(role):
+            return f"{files[role].name} is corrupted or truncated (sha256 does not match {files['manifest'].name})"
+    return None
+
+
+def find_resumable(ckpt_dir: Path) -> tuple[str, list[str]]:
+    """The newest intact checkpoint to resume from -> (name, problems of newer ones skipped)."""
+    problems = []
+    for name in ["last", *step_names(ckpt_dir)]:
+        if name == "last" and not _files(ckpt_dir, name)["weights"].exists() and not _files(ckpt_dir, name)["manifest"].exists():
+            continue
+        problem = verify_checkpoint(ckpt_dir, name, need_state=True)
+        if problem is None:
+            return name, problems
+        problems.append(f"{name}: {problem}")
+    found = "; ".join(problems) if problems else "no checkpoints"
+    raise UserError(f"{ckpt_dir}: nothing intact to resume from ({found}); train without --resume to start over")
+
+
 def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
     """`--model` is a run directory (best checkpoint, else last) or a checkpoint file inside one.
 
@@ -99,17 +206,46 @@ def load_checkpoint(model_path: str | Path, device: str | torch.device = "cpu") 
     -> (model in eval mode, config, run directory, metadata)
     """
     run_dir, ckpt = resolve_checkpoint(model_path)
+    if ckpt.with_suffix(".json").is_file():
+        problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
+        if problem is not None:
+            raise UserError(f"{ckpt}: {problem}")
     meta = read_metadata(ckpt)
     config = validate_config(json.loads(meta["config"]), f"{ckpt} (embedded config)")
     model = build_model(config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
-    try:
-        missing, unexpected = load_model(model, str(ckpt), strict=False, device=str(device))
-    except (SafetensorError, RuntimeError) as exc:
-        raise UserError(f"{ckpt}: weights do not match the model described in it ({str(exc).splitlines()[0]})") from None
-    if missing or unexpected:
-        raise UserError(f"{ckpt}: weights do not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    load_weights(model, ckpt, device)
     model.to(device).eval()
     return model, config, run_dir, meta
+
+
+def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.device = "cpu") -> None:
+    """Load safetensors weights into a model built for them; UserError when they do not fit."""
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False, device=str(device))
+    except (SafetensorError, RuntimeError) as exc:
+        raise UserError(f"{path}: weights do not match the model described in it ({str(exc).splitlines()[0]})") from None
+    if missing or unexpected:
+        raise UserError(f"{path}: weights do not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+
+
+ARCHITECTURE_KEYS = (
+    "d_model", "heads", "q_k_size", "v_size", "ffn_size", "encoder_layers", "decoder_layers",
+    "norm", "positions", "max_positions", "tie_embeddings", "bias",
+)
+
+
+def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int) -> None:
+    """Refuse to resume from a checkpoint of another architecture or vocabulary, naming the mismatch."""
+    meta = read_metadata(path)
+    saved = json.loads(meta["config"])["model"]
+    current = config.model.model_dump(mode="json")
+    diffs = [f"model.{k} {saved.get(k)!r} in the checkpoint, {current[k]!r} in the config"
+             for k in ARCHITECTURE_KEYS if saved.get(k) != current[k]]
+    for side, had, has in (("source", meta["src_vocab"], src_vocab), ("target", meta["tgt_vocab"], tgt_vocab)):
+        if int(had) != has:
+            diffs.append(f"{side} vocabulary {had} in the checkpoint, {has} in the run's tokenizer")
+    if diffs:
+        raise UserError(f"{path}: checkpoint does not match: {'; '.join(diffs)}")
 
 
 def save_train_state(path: Path, state: dict[str, Any]) -> None:

@@ -92,6 +92,8 @@ class TrainConfig(Section):
     clip_norm: float = Field(1.0, ge=0, description="0 = no gradient clipping")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
     valid_every: int = Field(1000, ge=1, description="validate and save checkpoints every N steps")
+    keep_last: int = Field(2, ge=1, description="step checkpoints kept on disk besides last and best")
+    max_nonfinite: int = Field(5, ge=1, description="stop after this many non-finite losses in a row")
     log_every: int = Field(100, ge=1)
 
     @model_validator(mode="after")

@@ -157,19 +157,24 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
 
     step = epoch = batch_in_epoch = 0
     best_nll, elapsed_before = float("inf"), 0.0
+    window = new_window()
+    counters = {"skipped_nonfinite": 0}
     ckpt_dir = run_dir / ckpt.CHECKPOINT_DIR
     if resume:
-        state_path = ckpt_dir / "last.state.pt"
-        if not state_path.is_file():
-            raise UserError(f"{state_path}: nothing to resume from; train without --resume first")
-        loaded, _, _, _ = ckpt.load_checkpoint(ckpt_dir / "last.safetensors", device)
-        model.load_state_dict(loaded.state_dict())
-        state = ckpt.load_train_state(state_path)
+        name, damaged = ckpt.find_resumable(ckpt_dir)
+        for problem in damaged:
+            log(f"warning: not resuming from damaged checkpoint {problem}")
+        weights = ckpt_dir / f"{name}.safetensors"
+        ckpt.check_compatible(weights, config, src_sp.get_piece_size(), tgt_sp.get_piece_size())
+        ckpt.load_weights(model, weights, device)
+        state = ckpt.load_train_state(ckpt_dir / f"{name}.state.pt")
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"])
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         best_nll, elapsed_before = state["best_nll"], state["elapsed"]
-        log(f"resumed from {state_path} at step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
+        window, counters = state["window"], state["counters"]
+        truncate_metrics(run_dir / "metrics.jsonl", step)
+        log(f"resumed from {weights} at step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
     save_config(config, run_dir / "config.yaml")
     metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
 
@@ -177,25 +182,23 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
 
-    def save(last_only: bool, valid_nll: float | None) -> None:
+    def save(valid_nll: float | None) -> None:
         nonlocal best_nll
-        meta = {"step": step, "epoch": epoch}
-        ckpt.save_weights(ckpt_dir / "last.safetensors", model, config, meta)
-        ckpt.save_train_state(
-            ckpt_dir / "last.state.pt",
-            {
-                "step": step,
-                "epoch": epoch,
-                "batch_in_epoch": batch_in_epoch,
-                "optimizer": optimizer.state_dict(),
-                "rng": rng_state(),
-                "best_nll": min(best_nll, valid_nll) if valid_nll is not None else best_nll,
-                "elapsed": elapsed_before + time.time() - start,
-            },
-        )
-        if not last_only and valid_nll is not None and valid_nll < best_nll:
-            best_nll = valid_nll
-            ckpt.save_weights(ckpt_dir / "best.safetensors", model, config, {**meta, "valid_nll": valid_nll})
+        improved = valid_nll is not None and valid_nll < best_nll
+        best_nll = min(best_nll, valid_nll) if valid_nll is not None else best_nll
+        state = {
+            "step": step,
+            "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch,
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_state(),
+            "best_nll": best_nll,
+            "elapsed": elapsed_before + time.time() - start,
+            "window": window,
+            "counters": counters,
+        }
+        meta = {"step": step, "epoch": epoch, **({"valid_nll": valid_nll} if valid_nll is not None else {})}
+        ckpt.save_checkpoint(ckpt_dir, step, model, config, meta, state, best=improved, keep_last=t.keep_last)
 
     def run_validation() -> None:
         record: dict[str, Any] = {"step": step, "epoch": epoch + 1}
@@ -205,7 +208,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             valid_nll = record["valid_nll"]
             log(f"step {step}: valid loss {record['valid_loss']:.3f}, nll {valid_nll:.3f}, ppl {record['valid_ppl']:.2f}")
         write_metrics(record)
-        save(last_only=valid_data is None, valid_nll=valid_nll)
+        save(valid_nll)
 
     def out_of_budget() -> bool:
         return (
@@ -215,16 +218,19 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         )
 
     start = time.time()
+    window_start = time.time()
     model.train()
     bar = tqdm(total=t.max_steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True, file=sys.stderr)
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.time()}
     validated_at = step
+    params = list(model.parameters())
+    consecutive_bad = 0
     try:
         with sigterm_as_interrupt():
             while not out_of_budget():
                 batches = epoch_batches(train_data, t.max_tokens, t.seed, epoch)
                 while batch_in_epoch < len(batches) and not out_of_budget():
                     src, tgt_in, tgt_out = (x.to(device, non_blocking=True) for x in collate(train_data, batches[batch_in_epoch]))
+                    batch_in_epoch += 1
                     lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
                     for group in optimizer.param_groups:
                         group["lr"] = lr
@@ -232,20 +238,33 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                         logits = model(src, tgt_in)
                     loss, nll, n = label_smoothed_nll(logits, tgt_out, t.label_smoothing)
                     optimizer.zero_grad(set_to_none=True)
-                    (loss / n).backward()
-                    if t.clip_norm:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+                    loss_value = loss.item()
+                    if math.isfinite(loss_value):
+                        (loss / n).backward()
+                        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm or float("inf"))
+                    if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
+                        counters["skipped_nonfinite"] += 1
+                        consecutive_bad += 1
+                        log(f"warning: non-finite loss or gradients at step {step + 1}; batch skipped "
+                            f"({counters['skipped_nonfinite']} so far)")
+                        if consecutive_bad >= t.max_nonfinite:
+                            raise UserError(
+                                f"non-finite loss or gradients in {consecutive_bad} consecutive batches at step {step + 1}; "
+                                f"stopped without saving, so {ckpt_dir / 'last.safetensors'} is the last good state; "
+                                "lower train.lr, raise train.warmup_steps or set train.clip_norm"
+                            )
+                        continue
+                    consecutive_bad = 0
                     optimizer.step()
                     step += 1
-                    batch_in_epoch += 1
-                    window["loss"] += loss.item()
+                    window["loss"] += loss_value
                     window["nll"] += nll.item()
                     window["tokens"] += n
                     window["src_tokens"] += int((src != PAD).sum())
                     bar.update(1)
                     if step % t.log_every == 0:
                         now = time.time()
-                        tps = (window["tokens"] + window["src_tokens"]) / max(now - window["time"], 1e-9)
+                        tps = (window["tokens"] + window["src_tokens"]) / max(now - window_start, 1e-9)
                         record = {
                             "step": step,
                             "epoch": epoch + 1,
@@ -254,10 +273,11 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                             "lr": lr,
                             "tokens_per_s": tps,
                             "elapsed_s": elapsed_before + now - start,
+                            "skipped_nonfinite": counters["skipped_nonfinite"],
                         }
                         write_metrics(record)
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
-                        window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": now}
+                        window, window_start = new_window(), now
                     if step % t.valid_every == 0:
                         run_validation()
                         validated_at = step
@@ -267,12 +287,32 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                 run_validation()
     except KeyboardInterrupt:
         bar.close()
-        save(last_only=True, valid_nll=None)
-        metrics.close()
+        save(valid_nll=None)
         log(f"interrupted at step {step}; saved {ckpt_dir / 'last.safetensors'}. "
             f"Resume with: seq2seq train --config {run_dir / 'config.yaml'} --resume")
         raise
-    bar.close()
-    metrics.close()
+    finally:
+        bar.close()
+        metrics.close()
     log(f"finished at step {step} (epoch {epoch + 1}) in {(elapsed_before + time.time() - start) / 60:.1f} min; run in {run_dir}")
     return run_dir
+
+
+def new_window() -> dict[str, float]:
+    """Sums over the current logging interval (saved with checkpoints so resumed logs match)."""
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0}
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step` (a resumed run recomputes them) and a line torn by a crash."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("step", 0) <= step:
+            keep.append(line)
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))

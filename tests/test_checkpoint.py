@@ -1,0 +1,180 @@
+"""Checkpoints that never lose a run: exact resume, integrity, fallback, refusal of unsafe or
+mismatched files, non-finite losses."""
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from conftest import REPO, SHIPPED
+from seq2seq_cli import checkpoint as ckpt
+from seq2seq_cli import train as train_module
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import load_config
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.train import train
+
+runner = CliRunner()
+
+
+def make_config(tmp: Path, name: str, **train_overrides) -> Path:
+    """configs/tiny.yaml with dropout on (so RNG state matters), frequent saves, its own run dir."""
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / name)
+    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
+    raw["model"]["dropout"] = 0.1
+    raw["train"].update({"max_steps": 30, "valid_every": 7, "log_every": 3, **train_overrides})
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def quiet(cfg_path: Path, resume: bool = False, *overrides: str) -> Path:
+    return train(load_config(cfg_path, list(overrides)), resume=resume, progress=False, log=lambda _: None)
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / "last.safetensors"))
+
+
+def train_records(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
+
+
+def assert_same(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
+    assert train_records(a) == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]}
+                                for r, x in zip(train_records(b), train_records(a))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted 30-step run."""
+    tmp = tmp_path_factory.mktemp("reference")
+    return quiet(make_config(tmp, "ref"))
+
+
+@pytest.mark.parametrize("stop_at", [5, 7, 16])
+def test_interrupted_and_resumed_run_is_bit_identical(reference, tmp_path, stop_at):
+    cfg = make_config(tmp_path, "run")
+    quiet(cfg, False, f"train.max_steps={stop_at}")
+    run = quiet(cfg, True)
+    assert_same(reference, run)
+
+
+def test_checkpoint_files_and_manifest(reference):
+    d = reference / "checkpoints"
+    names = ckpt.step_names(d)
+    assert len(names) == 2 and names[0] == "step-00000030"  # keep_last: 2
+    manifest = json.loads((d / "last.json").read_text())
+    assert manifest["step"] == 30 and manifest["format_version"] == ckpt.FORMAT_VERSION
+    assert manifest["sha256"]["weights"] == ckpt.sha256(d / "last.safetensors")
+    assert ckpt.verify_checkpoint(d, "best", need_state=False) is None
+    meta = ckpt.read_metadata(d / "last.safetensors")
+    assert meta["step"] == "30" and json.loads(meta["config"])["model"]["d_model"] == 32
+    state = torch.load(d / "last.state.pt", weights_only=True)
+    assert state["step"] == 30 and "optimizer" in state and "rng" in state
+
+
+def test_corrupted_last_falls_back_to_newest_intact_checkpoint(reference, tmp_path):
+    cfg = make_config(tmp_path, "run")
+    quiet(cfg, False, "train.max_steps=16")
+    d = tmp_path / "run" / "checkpoints"
+    data = bytearray((d / "last.safetensors").read_bytes())
+    data[-10:] = b"\x00" * 10  # flip the last bytes of the weights
+    (d / "step-00000016.safetensors").unlink()  # last was a hard link: corrupt a separate copy
+    (d / "last.safetensors").write_bytes(bytes(data))
+    messages = []
+    run = train(load_config(cfg), resume=True, progress=False, log=messages.append)
+    assert any("not resuming from damaged checkpoint last: last.safetensors is corrupted" in m for m in messages)
+    assert any("resumed from" in m and "step-00000014" in m for m in messages)
+    assert_same(reference, run)
+
+
+def test_corrupted_or_truncated_checkpoint_is_refused_on_load(reference, tmp_path):
+    run = tmp_path / "copy"
+    (run / "checkpoints").mkdir(parents=True)
+    for f in (reference / "checkpoints").glob("last.*"):
+        (run / "checkpoints" / f.name).write_bytes(f.read_bytes())
+    (run / "spm.model").write_bytes((reference / "spm.model").read_bytes())
+    w = run / "checkpoints" / "last.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    r = runner.invoke(app, ["translate", "-m", str(run)], input="hola\n")
+    assert r.exit_code != 0
+    assert r.stderr.strip() == f"error: {w}: last.safetensors is corrupted or truncated (sha256 does not match last.json)"
+    (run / "checkpoints" / "last.json").unlink()  # without a manifest the file format itself is checked
+    r = runner.invoke(app, ["translate", "-m", str(run)], input="hola\n")
+    assert r.exit_code != 0 and r.stderr.startswith(f"error: {w}: not a readable checkpoint")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+class _Payload:
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_a_pickle_that_runs_code_is_refused_and_never_runs(tmp_path):
+    cfg = make_config(tmp_path, "run")
+    quiet(cfg, False, "train.max_steps=7")
+    d = tmp_path / "run" / "checkpoints"
+    marker = tmp_path / "pwned"
+    state = d / "last.state.pt"
+    state.unlink()  # break the hard link, then plant the payload
+    with open(state, "wb") as f:
+        pickle.dump({"step": 7, "x": _Payload(str(marker))}, f)
+    manifest = json.loads((d / "last.json").read_text())
+    manifest["sha256"]["state"] = ckpt.sha256(state)  # a forger can fix the hash; loading must still be safe
+    (d / "last.json").unlink()
+    (d / "last.json").write_text(json.dumps(manifest))
+    r = runner.invoke(app, ["train", "-c", str(cfg), "--resume", "--no-progress"])
+    assert r.exit_code != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [errors[0]] and f"{state}: training state could not be loaded safely" in errors[0]
+    assert not marker.exists()
+
+
+def test_checkpoint_of_another_architecture_is_refused_with_the_mismatch(tmp_path):
+    cfg = make_config(tmp_path, "run")
+    quiet(cfg, False, "train.max_steps=7")
+    r = runner.invoke(app, ["train", "-c", str(cfg), "--resume", "--no-progress", "--set", "model.ffn_size=48"])
+    assert r.exit_code != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1
+    assert "checkpoint does not match: model.ffn_size 64 in the checkpoint, 48 in the config" in errors[0]
+
+
+def test_nonfinite_losses_are_skipped_then_stop_training(tmp_path, monkeypatch):
+    real = train_module.label_smoothed_nll
+    calls = {"n": 0}
+
+    def flaky(logits, target, eps, bad=frozenset({3, 4})):
+        calls["n"] += 1
+        loss, nll, n = real(logits, target, eps)
+        return (loss * float("nan"), nll, n) if calls["n"] in bad else (loss, nll, n)
+
+    monkeypatch.setattr(train_module, "label_smoothed_nll", flaky)
+    messages = []
+    run = train(load_config(make_config(tmp_path, "run")), progress=False, log=messages.append)
+    assert sum("non-finite loss" in m for m in messages) == 2
+    last = train_records(run)[-1]
+    assert last["step"] == 30 and last["skipped_nonfinite"] == 2
+
+    calls["n"] = 0
+    monkeypatch.setattr(train_module, "label_smoothed_nll", lambda *a, **k: flaky(*a, **k, bad=frozenset(range(12, 99))))
+    cfg = make_config(tmp_path, "stop", max_nonfinite=4)
+    with pytest.raises(UserError, match=r"non-finite loss or gradients in 4 consecutive batches"):
+        train(load_config(cfg), progress=False, log=lambda _: None)
+    d = tmp_path / "stop" / "checkpoints"
+    assert ckpt.verify_checkpoint(d, "last", need_state=True) is None
+    assert json.loads((d / "last.json").read_text())["step"] == 7  # the last save before the failures
