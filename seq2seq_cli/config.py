@@ -77,7 +77,9 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 on CUDA, fp32 on CPU")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto = bf16 on CUDA, fp32 on CPU; fp16 uses a dynamic loss scaler"
+    )
     threads: int | None = Field(None, ge=1, description="CPU threads; default all cores")
     max_tokens: int = Field(4096, ge=1, description="source or target tokens per batch, padding included")
     max_steps: int | None = Field(None, ge=1)

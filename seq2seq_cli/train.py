@@ -39,7 +39,9 @@ def pick_device(name: str) -> torch.device:
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when precision is auto or bf16; plain fp32 otherwise."""
+    """bf16 autocast on CUDA when precision is auto or bf16, fp16 autocast for fp16; plain fp32 otherwise."""
+    if precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -152,13 +154,14 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay, fused=device.type == "cuda"
     )
+    scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")  # fp16 overflow handling
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters on {device}")
 
     step = epoch = batch_in_epoch = 0
     best_nll, elapsed_before = float("inf"), 0.0
     window = new_window()
-    counters = {"skipped_nonfinite": 0}
+    counters = {"skipped_nonfinite": 0, "fp16_overflows": 0}
     ckpt_dir = run_dir / ckpt.CHECKPOINT_DIR
     if resume:
         name, damaged = ckpt.find_resumable(ckpt_dir)
@@ -169,6 +172,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         ckpt.load_weights(model, weights, device)
         state = ckpt.load_train_state(ckpt_dir / f"{name}.state.pt")
         optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         best_nll, elapsed_before = state["best_nll"], state["elapsed"]
@@ -191,6 +195,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             "epoch": epoch,
             "batch_in_epoch": batch_in_epoch,
             "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
             "rng": rng_state(),
             "best_nll": best_nll,
             "elapsed": elapsed_before + time.time() - start,
@@ -240,8 +245,14 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                     optimizer.zero_grad(set_to_none=True)
                     loss_value = loss.item()
                     if math.isfinite(loss_value):
-                        (loss / n).backward()
+                        scaler.scale(loss / n).backward()
+                        scaler.unscale_(optimizer)
                         grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm or float("inf"))
+                        if scaler.is_enabled() and not torch.isfinite(grad_norm):
+                            scaler.step(optimizer)  # skipped by the scaler, which lowers its scale
+                            scaler.update()
+                            counters["fp16_overflows"] += 1
+                            continue
                     if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
                         counters["skipped_nonfinite"] += 1
                         consecutive_bad += 1
@@ -255,7 +266,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                             )
                         continue
                     consecutive_bad = 0
-                    optimizer.step()
+                    scaler.step(optimizer)
+                    scaler.update()
                     step += 1
                     window["loss"] += loss_value
                     window["nll"] += nll.item()
@@ -273,7 +285,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                             "lr": lr,
                             "tokens_per_s": tps,
                             "elapsed_s": elapsed_before + now - start,
-                            "skipped_nonfinite": counters["skipped_nonfinite"],
+                            **counters,
                         }
                         write_metrics(record)
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)

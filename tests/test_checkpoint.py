@@ -124,6 +124,7 @@ class _Payload:
         return (os.system, (f"touch {self.target}",))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_a_pickle_that_runs_code_is_refused_and_never_runs(tmp_path):
     cfg = make_config(tmp_path, "run")
     quiet(cfg, False, "train.max_steps=7")
@@ -178,3 +179,21 @@ def test_nonfinite_losses_are_skipped_then_stop_training(tmp_path, monkeypatch):
     d = tmp_path / "stop" / "checkpoints"
     assert ckpt.verify_checkpoint(d, "last", need_state=True) is None
     assert json.loads((d / "last.json").read_text())["step"] == 7  # the last save before the failures
+
+
+def test_fp16_overflow_is_handled_by_the_scaler_and_resume_stays_exact(tmp_path, monkeypatch):
+    """A huge initial loss scale overflows fp16 gradients: the scaler skips those steps and
+    lowers the scale; training still completes, and an interrupted fp16 run resumes exactly
+    (the scaler's state is in the checkpoint)."""
+    import functools
+
+    monkeypatch.setattr(train_module.torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=2.0**40))
+    common = ("train.precision=fp16",)
+    ref = quiet(make_config(tmp_path, "ref", max_steps=12), False, *common)
+    records = train_records(ref)
+    assert records[-1]["step"] == 12
+    state = torch.load(ref / "checkpoints" / "last.state.pt", weights_only=True)
+    assert state["scaler"]["scale"] < 2.0**40 and state["counters"]["fp16_overflows"] > 0
+    cfg = make_config(tmp_path, "run", max_steps=12)
+    quiet(cfg, False, *common, "train.max_steps=5")
+    assert_same(ref, quiet(cfg, True, *common))
