@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from seq2seq_cli.config import DecodeConfig, ModelConfig
-from seq2seq_cli.model import build_model
+from shapes import add_shape_arguments, hf_marian, our_model
+
+from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.search import search
 
 
@@ -39,16 +40,11 @@ def timed(fn, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--ffn", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=8000)
+    add_shape_arguments(ap)
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--src-len", type=int, default=24)
     ap.add_argument("--out-len", type=int, default=24)
     ap.add_argument("--beams", type=int, nargs="+", default=[5, 1])
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
@@ -58,10 +54,7 @@ def main() -> None:
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
-    cfg = ModelConfig(d_model=args.d_model, heads=args.heads, ffn_size=args.ffn, encoder_layers=args.layers,
-                      decoder_layers=args.layers, dropout=0.0, max_positions=256)
-    torch.manual_seed(0)
-    ours = build_model(cfg, args.vocab, args.vocab, True).eval()
+    ours = our_model(args, dropout=0.0).eval()
     g = torch.Generator().manual_seed(0)
     body = torch.randint(4, args.vocab, (args.sentences, args.src_len), generator=g)
     src = torch.cat([body, torch.full((args.sentences, 1), 3)], dim=1)  # + EOS
@@ -77,18 +70,7 @@ def main() -> None:
             assert all(len(h[0].tokens) == args.out_len for h in out)
             row["ours"] = args.sentences / timed(lambda: search(m, s, opts), args.repeats)
         if "hf" in args.systems:
-            from transformers import MarianConfig, MarianMTModel
-
-            hf_cfg = MarianConfig(
-                vocab_size=args.vocab, decoder_vocab_size=args.vocab, d_model=args.d_model,
-                encoder_layers=args.layers, decoder_layers=args.layers, encoder_attention_heads=args.heads,
-                decoder_attention_heads=args.heads, encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn,
-                max_position_embeddings=256, pad_token_id=0, eos_token_id=3, bos_token_id=2,
-                decoder_start_token_id=2, activation_function="relu", scale_embedding=True,
-                share_encoder_decoder_embeddings=True, dropout=0.0,
-            )
-            torch.manual_seed(0)
-            hf = MarianMTModel(hf_cfg).eval().to(dev, dtype)
+            hf = hf_marian(args, dropout=0.0).eval().to(dev, dtype)
             s = src.to(dev)
             mask = torch.ones_like(s)
 

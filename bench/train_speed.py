@@ -16,8 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from seq2seq_cli.config import ModelConfig
-from seq2seq_cli.model import build_model
+from shapes import add_shape_arguments, hf_marian, our_model
+
 from seq2seq_cli.train import label_smoothed_nll
 
 
@@ -54,16 +54,11 @@ def measure(step, warmup: int, steps: int, tokens_per_step: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--ffn", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=8000)
+    add_shape_arguments(ap)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--len", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--systems", nargs="+", default=["ours", "hf", "nn"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -88,21 +83,10 @@ def main() -> None:
         return step
 
     if "ours" in args.systems:
-        torch.manual_seed(0)
-        cfg = ModelConfig(d_model=args.d_model, heads=args.heads, ffn_size=args.ffn, encoder_layers=args.layers,
-                          decoder_layers=args.layers, dropout=0.1, max_positions=512)
-        m = build_model(cfg, args.vocab, args.vocab, True)
+        m = our_model(args, dropout=0.1)
         out["ours"] = measure(trainer(m, lambda: m(src, tgt_in)), args.warmup, args.steps, tokens)
     if "hf" in args.systems:
-        from transformers import MarianConfig, MarianMTModel
-
-        torch.manual_seed(0)
-        hf = MarianMTModel(MarianConfig(
-            vocab_size=args.vocab, decoder_vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
-            decoder_layers=args.layers, encoder_attention_heads=args.heads, decoder_attention_heads=args.heads,
-            encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn, max_position_embeddings=512, pad_token_id=0,
-            eos_token_id=3, decoder_start_token_id=2, activation_function="relu", scale_embedding=True,
-            share_encoder_decoder_embeddings=True, dropout=0.1))
+        hf = hf_marian(args, dropout=0.1)
         mask = torch.ones_like(src)
         out["hf"] = measure(trainer(hf, lambda: hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits),
                             args.warmup, args.steps, tokens)
