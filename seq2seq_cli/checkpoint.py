@@ -257,3 +257,33 @@ def load_train_state(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means the file cannot be trusted
         raise UserError(f"{path}: training state could not be loaded safely ({str(exc).splitlines()[0]})") from None
+
+
+def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) -> Path:
+    """Average the weights of the newest `last` intact step checkpoints of a run (as
+    fairseq's average_checkpoints and OpenNMT's average_models); returns the written file,
+    by default RUN/checkpoints/average-last-N.safetensors (usable as --model)."""
+    from safetensors.torch import load_file, save_file
+
+    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
+    if not ckpt_dir.is_dir():
+        raise UserError(f"{run_dir}: no checkpoints directory; is it a trained run directory?")
+    names = [n for n in step_names(ckpt_dir) if verify_checkpoint(ckpt_dir, n, need_state=False) is None][:last]
+    if len(names) < last:
+        raise UserError(
+            f"{ckpt_dir}: {len(names)} intact step checkpoints, --last {last} asked; "
+            "keep more with train.keep_last"
+        )
+    total: dict[str, torch.Tensor] = {}
+    for name in names:
+        for key, tensor in load_file(str(ckpt_dir / f"{name}.safetensors")).items():
+            total[key] = total.get(key, 0) + tensor.double()
+    newest = ckpt_dir / f"{names[0]}.safetensors"
+    dtypes = load_file(str(newest))
+    averaged = {k: (v / len(names)).to(dtypes[k].dtype).contiguous() for k, v in total.items()}
+    meta = {**read_metadata(newest), "averaged": ",".join(names)}
+    output = Path(output) if output else ckpt_dir / f"average-last-{last}.safetensors"
+    if not output.parent.is_dir():
+        raise UserError(f"{output}: output directory {output.parent} does not exist")
+    atomic_write(output, lambda tmp: save_file(averaged, tmp, metadata=meta))
+    return output

@@ -225,6 +225,21 @@ def evaluate(
 
 @app.command()
 @user_errors
+def average(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Run directory whose step checkpoints are averaged.")],
+    last: Annotated[int, typer.Option("--last", "-n", help="How many of the newest intact step checkpoints to average.")] = 2,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write; default RUN/checkpoints/average-last-N.safetensors.")] = None,
+) -> None:
+    """Average the weights of the last N checkpoints of a run (often a little better than the last)."""
+    from seq2seq_cli.checkpoint import average_checkpoints
+
+    if last < 1:
+        raise UserError(f"--last: must be >= 1 (got {last})")
+    typer.echo(f"wrote {average_checkpoints(model, last, output)}")
+
+
+@app.command()
+@user_errors
 def export(
     output: Annotated[Path, typer.Argument(help="Directory to write the exported model into.")],
     model: ModelOpt,

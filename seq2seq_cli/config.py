@@ -85,7 +85,12 @@ class TrainConfig(Section):
     max_steps: int | None = Field(None, ge=1)
     max_epochs: int | None = Field(None, ge=1)
     max_minutes: float | None = Field(None, gt=0)
+    update_freq: int = Field(1, ge=1, description="accumulate gradients over this many batches per update")
     lr: float = Field(5e-4, gt=0)
+    schedule: Literal["inverse_sqrt", "cosine", "constant"] = Field(
+        "inverse_sqrt", description="after linear warmup: lr*sqrt(warmup/step), cosine decay to min_lr, or constant"
+    )
+    min_lr: float = Field(0.0, ge=0, description="where the cosine schedule ends")
     warmup_steps: int = Field(4000, ge=0)
     warmup_init_lr: float = Field(1e-7, ge=0)
     betas: tuple[float, float] = (0.9, 0.98)
@@ -96,12 +101,21 @@ class TrainConfig(Section):
     valid_every: int = Field(1000, ge=1, description="validate and save checkpoints every N steps")
     keep_last: int = Field(2, ge=1, description="step checkpoints kept on disk besides last and best")
     max_nonfinite: int = Field(5, ge=1, description="stop after this many non-finite losses in a row")
+    valid_bleu: bool = Field(False, description="also translate the validation set (greedy) and report BLEU")
+    best_metric: Literal["loss", "bleu"] = Field("loss", description="what picks checkpoints/best: valid nll or BLEU")
+    patience: int | None = Field(None, ge=1, description="stop after this many validations without a new best")
+    tensorboard: bool = Field(True, description="write TensorBoard events to RUN/tensorboard")
+    plot: bool = Field(True, description="redraw RUN/plots/curves.png at every validation")
     log_every: int = Field(100, ge=1)
 
     @model_validator(mode="after")
     def _some_stop(self) -> TrainConfig:
         if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
             raise ValueError("set at least one of max_steps, max_epochs, max_minutes")
+        if self.schedule == "cosine" and self.max_steps is None:
+            raise ValueError("schedule cosine decays over max_steps: set max_steps")
+        if self.best_metric == "bleu" and not self.valid_bleu:
+            raise ValueError("best_metric bleu needs valid_bleu: true")
         return self
 
 

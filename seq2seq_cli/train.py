@@ -7,7 +7,6 @@ cross-entropy -> Adam with inverse-sqrt warmup -> checkpoints and metrics.jsonl.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import signal
@@ -23,9 +22,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from seq2seq_cli import checkpoint as ckpt
-from seq2seq_cli.config import Config, save_config
+from seq2seq_cli.config import Config, TrainConfig, save_config
 from seq2seq_cli.data import EncodedCorpus, collate, encode_corpus, epoch_batches, read_parallel, token_batches
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 from seq2seq_cli.tokenizer import PAD, load_tokenizers, model_paths, train_tokenizer
 
@@ -54,6 +54,16 @@ def inverse_sqrt_lr(step: int, lr: float, warmup: int, init_lr: float) -> float:
     return lr * math.sqrt(max(warmup, 1) / max(step, 1))
 
 
+def learning_rate(step: int, t: TrainConfig) -> float:
+    """The learning rate of update `step` (1-based): linear warmup, then the configured schedule."""
+    if t.schedule == "inverse_sqrt" or (t.warmup_steps and step < t.warmup_steps):
+        return inverse_sqrt_lr(step, t.lr, t.warmup_steps, t.warmup_init_lr)
+    if t.schedule == "constant":
+        return t.lr
+    progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))  # type: ignore[operator]
+    return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor, int]:
     """logits: (B, T, V), target: (B, T) -> (smoothed loss sum, nll sum, non-pad tokens).
 
@@ -70,6 +80,45 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[
 def read_split(config: Config, prefix: str):
     d = config.data
     return read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache")
+
+
+def accumulate_gradients(
+    model: Seq2SeqTransformer, micro: list[tuple[Tensor, Tensor, Tensor]], config: Config, device: torch.device,
+    scaler: torch.amp.GradScaler,
+) -> dict[str, float] | None:
+    """Forward and backward over the batches of one update (gradient accumulation).
+
+    The gradient is that of the label-smoothed loss summed over every target token of the
+    batches, divided by their number, as if they were one batch. -> sums for logging, or
+    None (nothing applied) when a loss is not finite.
+    """
+    total = sum(int((tgt_out != PAD).sum()) for _, _, tgt_out in micro)
+    sums = {"loss": 0.0, "nll": 0.0, "tokens": total, "src_tokens": 0}
+    for src, tgt_in, tgt_out in micro:
+        with autocast(device, config.train.precision):
+            logits = model(src, tgt_in)
+        loss, nll, _ = label_smoothed_nll(logits, tgt_out, config.train.label_smoothing)
+        value = loss.item()
+        if not math.isfinite(value):
+            return None
+        scaler.scale(loss / total).backward()
+        sums["loss"] += value
+        sums["nll"] += nll.item()
+        sums["src_tokens"] += int((src != PAD).sum())
+    return sums
+
+
+def validation_bleu(model: Seq2SeqTransformer, src_sp, tgt_sp, valid_raw, config: Config, device: torch.device) -> tuple[float, str]:
+    """Greedy translation of the validation sources scored with sacreBLEU -> (BLEU, signature)."""
+    from seq2seq_cli.evaluate import score
+    from seq2seq_cli.translate import Translator
+
+    decode = config.decode.model_copy(update={"beam_size": 1, "sampling": False})
+    model.eval()
+    hyps = Translator(model, src_sp, tgt_sp, decode, device).translate(list(valid_raw["src"]))
+    model.train()
+    scores = score(hyps, list(valid_raw["tgt"]))
+    return scores.bleu, scores.bleu_signature
 
 
 @torch.no_grad()
@@ -159,7 +208,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
     log(f"model: {n_params:,} parameters on {device}")
 
     step = epoch = batch_in_epoch = 0
-    best_nll, elapsed_before = float("inf"), 0.0
+    best, since_best, elapsed_before = float("-inf"), 0, 0.0  # best validation score (higher is better)
     window = new_window()
     counters = {"skipped_nonfinite": 0, "fp16_overflows": 0}
     ckpt_dir = run_dir / ckpt.CHECKPOINT_DIR
@@ -175,21 +224,13 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        best_nll, elapsed_before = state["best_nll"], state["elapsed"]
+        best, since_best, elapsed_before = state["best"], state["since_best"], state["elapsed"]
         window, counters = state["window"], state["counters"]
-        truncate_metrics(run_dir / "metrics.jsonl", step)
         log(f"resumed from {weights} at step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
     save_config(config, run_dir / "config.yaml")
-    metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+    metrics = MetricsLog(run_dir, step if resume else None, t.tensorboard)
 
-    def write_metrics(record: dict[str, Any]) -> None:
-        metrics.write(json.dumps(record) + "\n")
-        metrics.flush()
-
-    def save(valid_nll: float | None) -> None:
-        nonlocal best_nll
-        improved = valid_nll is not None and valid_nll < best_nll
-        best_nll = min(best_nll, valid_nll) if valid_nll is not None else best_nll
+    def save(improved: bool) -> None:
         state = {
             "step": step,
             "epoch": epoch,
@@ -197,27 +238,40 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(),
             "rng": rng_state(),
-            "best_nll": best_nll,
+            "best": best,
+            "since_best": since_best,
             "elapsed": elapsed_before + time.time() - start,
             "window": window,
             "counters": counters,
         }
-        meta = {"step": step, "epoch": epoch, **({"valid_nll": valid_nll} if valid_nll is not None else {})}
-        ckpt.save_checkpoint(ckpt_dir, step, model, config, meta, state, best=improved, keep_last=t.keep_last)
+        ckpt.save_checkpoint(ckpt_dir, step, model, config, {"step": step, "epoch": epoch}, state,
+                             best=improved, keep_last=t.keep_last)
 
     def run_validation() -> None:
-        record: dict[str, Any] = {"step": step, "epoch": epoch + 1}
-        valid_nll = None
+        nonlocal best, since_best
+        record: dict[str, Any] = {"step": step, "epoch": epoch + 1, "elapsed_s": elapsed_before + time.time() - start}
+        improved = False
         if valid_data is not None:
             record.update(validate(model, valid_data, config, device))
-            valid_nll = record["valid_nll"]
-            log(f"step {step}: valid loss {record['valid_loss']:.3f}, nll {valid_nll:.3f}, ppl {record['valid_ppl']:.2f}")
-        write_metrics(record)
-        save(valid_nll)
+            text = f"step {step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, ppl {record['valid_ppl']:.2f}"
+            if t.valid_bleu:
+                record["valid_bleu"], record["valid_bleu_signature"] = validation_bleu(model, src_sp, tgt_sp, valid_raw, config, device)
+                text += f", BLEU {record['valid_bleu']:.2f} ({record['valid_bleu_signature']})"
+            score = record["valid_bleu"] if t.best_metric == "bleu" else -record["valid_nll"]
+            improved, since_best = score > best, 0 if score > best else since_best + 1
+            best = max(best, score)
+            log(text)
+        metrics.write(record)
+        save(improved)
+        if t.plot:
+            plot_curves(read_metrics(metrics.path), run_dir / "plots" / "curves.png")
+        if t.patience and since_best >= t.patience:
+            log(f"early stopping: no better validation {t.best_metric} in {since_best} validations")
 
     def out_of_budget() -> bool:
         return (
-            (t.max_steps is not None and step >= t.max_steps)
+            (t.patience is not None and since_best >= t.patience)
+            or (t.max_steps is not None and step >= t.max_steps)
             or (t.max_epochs is not None and epoch >= t.max_epochs)
             or (t.max_minutes is not None and (elapsed_before + time.time() - start) / 60 >= t.max_minutes)
         )
@@ -234,18 +288,17 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             while not out_of_budget():
                 batches = epoch_batches(train_data, t.max_tokens, t.seed, epoch)
                 while batch_in_epoch < len(batches) and not out_of_budget():
-                    src, tgt_in, tgt_out = (x.to(device, non_blocking=True) for x in collate(train_data, batches[batch_in_epoch]))
-                    batch_in_epoch += 1
-                    lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
+                    micro = [
+                        tuple(x.to(device, non_blocking=True) for x in collate(train_data, b))
+                        for b in batches[batch_in_epoch : batch_in_epoch + t.update_freq]
+                    ]
+                    batch_in_epoch += len(micro)
+                    lr = learning_rate(step + 1, t)
                     for group in optimizer.param_groups:
                         group["lr"] = lr
-                    with autocast(device, t.precision):
-                        logits = model(src, tgt_in)
-                    loss, nll, n = label_smoothed_nll(logits, tgt_out, t.label_smoothing)
                     optimizer.zero_grad(set_to_none=True)
-                    loss_value = loss.item()
-                    if math.isfinite(loss_value):
-                        scaler.scale(loss / n).backward()
+                    sums = accumulate_gradients(model, micro, config, device, scaler)
+                    if sums is not None:
                         scaler.unscale_(optimizer)
                         grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm or float("inf"))
                         if scaler.is_enabled() and not torch.isfinite(grad_norm):
@@ -253,7 +306,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                             scaler.update()
                             counters["fp16_overflows"] += 1
                             continue
-                    if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
+                    if sums is None or not torch.isfinite(grad_norm):
                         counters["skipped_nonfinite"] += 1
                         consecutive_bad += 1
                         log(f"warning: non-finite loss or gradients at step {step + 1}; batch skipped "
@@ -269,10 +322,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                     scaler.step(optimizer)
                     scaler.update()
                     step += 1
-                    window["loss"] += loss_value
-                    window["nll"] += nll.item()
-                    window["tokens"] += n
-                    window["src_tokens"] += int((src != PAD).sum())
+                    for key in window:
+                        window[key] += sums[key]
                     bar.update(1)
                     if step % t.log_every == 0:
                         now = time.time()
@@ -287,7 +338,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                             "elapsed_s": elapsed_before + now - start,
                             **counters,
                         }
-                        write_metrics(record)
+                        metrics.write(record)
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
                         window, window_start = new_window(), now
                     if step % t.valid_every == 0:
@@ -299,7 +350,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                 run_validation()
     except KeyboardInterrupt:
         bar.close()
-        save(valid_nll=None)
+        save(improved=False)
         log(f"interrupted at step {step}; saved {ckpt_dir / 'last.safetensors'}. "
             f"Resume with: seq2seq train --config {run_dir / 'config.yaml'} --resume")
         raise
@@ -313,18 +364,3 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
 def new_window() -> dict[str, float]:
     """Sums over the current logging interval (saved with checkpoints so resumed logs match)."""
     return {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0}
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step` (a resumed run recomputes them) and a line torn by a crash."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("step", 0) <= step:
-            keep.append(line)
-    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))

@@ -1,0 +1,96 @@
+"""Training metrics: `metrics.jsonl` (one JSON record per line), TensorBoard events and
+`plots/curves.png`, all written as training goes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from seq2seq_cli.checkpoint import atomic_write, atomic_write_text
+
+
+class MetricsLog:
+    """Appends records to RUN/metrics.jsonl and mirrors their numbers to TensorBoard."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None, tensorboard: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        if resume_step is not None:
+            truncate_metrics(self.path, resume_step)
+        elif self.path.exists():
+            self.path.unlink()  # a fresh run starts a fresh log
+        self.file = open(self.path, "a", encoding="utf-8")
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is a dependency; a broken install only loses the events
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, record["step"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, skipping a line torn by a crash."""
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step` (a resumed run recomputes them) and a line torn by a crash."""
+    if path.is_file():
+        keep = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
+    """Training loss / validation nll, validation BLEU and learning rate, against steps (top)
+    and wall-clock minutes (bottom), as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if "train_loss" in r]
+    valid = [r for r in records if "valid_nll" in r]
+    panels = [
+        ("loss", [(train, "train_nll", "train nll"), (valid, "valid_nll", "valid nll")]),
+        ("valid BLEU", [(valid, "valid_bleu", "valid BLEU")]),
+        ("learning rate", [(train, "lr", "lr")]),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for row, (x_key, x_label) in enumerate((("step", "step"), ("elapsed_s", "minutes"))):
+        for col, (title, series) in enumerate(panels):
+            ax = axes[row][col]
+            for rows, key, label in series:
+                pts = [(r[x_key] / (60 if x_key == "elapsed_s" else 1), r[key]) for r in rows if key in r and x_key in r]
+                if pts:
+                    ax.plot(*zip(*pts), marker="." if rows is valid else None, label=label)
+            ax.set_title(title)
+            ax.set_xlabel(x_label)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+    plt.close(fig)

@@ -1,0 +1,94 @@
+"""Training options: schedules, gradient accumulation, validation BLEU, best metric, early
+stopping, TensorBoard and curves, checkpoint averaging."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from seq2seq_cli import checkpoint as ckpt
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import TrainConfig, load_config
+from seq2seq_cli.data import collate, encode_corpus, epoch_batches, read_parallel
+from seq2seq_cli.model import build_model
+from seq2seq_cli.tokenizer import PAD, load_tokenizers
+from seq2seq_cli.train import label_smoothed_nll, learning_rate
+from test_checkpoint import make_config, quiet, train_records
+
+runner = CliRunner()
+
+
+def test_schedules():
+    base = dict(lr=1e-3, warmup_steps=10, warmup_init_lr=0.0, max_steps=110)
+    inv, cos, const = (TrainConfig(**base, schedule=s, min_lr=1e-5) for s in ("inverse_sqrt", "cosine", "constant"))
+    for t in (inv, cos, const):
+        assert learning_rate(5, t) == pytest.approx(5e-4)  # linear warmup, shared
+        assert learning_rate(10, t) == pytest.approx(1e-3)
+    assert learning_rate(40, inv) == pytest.approx(1e-3 * math.sqrt(10 / 40))
+    assert learning_rate(60, cos) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)  # half way
+    assert learning_rate(110, cos) == pytest.approx(1e-5) and learning_rate(500, cos) == pytest.approx(1e-5)
+    assert learning_rate(500, const) == 1e-3
+    with pytest.raises(ValueError, match="cosine decays over max_steps"):
+        TrainConfig(max_epochs=1, schedule="cosine")
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    """update_freq=2 over batches b1, b2 gives the update of one batch holding both."""
+    cfg_path = make_config(tmp_path, "acc", max_steps=1, update_freq=2, clip_norm=0.0)
+    config = load_config(cfg_path, ["model.dropout=0.0"])
+    run = quiet(cfg_path, False, "model.dropout=0.0")
+    src_sp, tgt_sp = load_tokenizers(run, True)
+    data = encode_corpus(read_parallel(config.data.train, "es", "en"), src_sp, tgt_sp, 64, 64)
+    b1, b2 = epoch_batches(data, config.train.max_tokens, config.train.seed, 0)[:2]
+    torch.manual_seed(config.train.seed)
+    model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), True)
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate(1, config.train), betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0)
+    src, tgt_in, tgt_out = collate(data, np.concatenate([b1, b2]))
+    loss, _, n = label_smoothed_nll(model(src, tgt_in), tgt_out, config.train.label_smoothing)
+    (loss / n).backward()
+    opt.step()
+    trained = load_file(str(run / "checkpoints" / "last.safetensors"))
+    for name, p in model.state_dict().items():
+        # A key bias adds the same amount to every score of a query: softmax ignores it, its
+        # gradient is rounding noise, and Adam's first step turns noise into +-lr.
+        if name in trained and not name.endswith("w_k.bias"):
+            assert torch.allclose(p, trained[name], atol=1e-6), name
+
+
+def test_validation_bleu_best_by_bleu_early_stopping_and_plots(tmp_path):
+    cfg = make_config(tmp_path, "v", max_steps=200, valid_every=4, valid_bleu=True, best_metric="bleu",
+                      patience=2, tensorboard=True, plot=True, lr=1e-7, warmup_steps=0)
+    messages = []
+    from seq2seq_cli.train import train
+
+    run = train(load_config(cfg), progress=False, log=messages.append)
+    valid = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if "valid_nll" in l]
+    assert all(r["valid_bleu_signature"].startswith("nrefs:1|") for r in valid)
+    # lr 1e-7: nothing improves, so training stops after patience validations without a new best
+    assert any("early stopping" in m for m in messages)
+    assert valid[-1]["step"] < 200 and len(valid) <= 4
+    best = json.loads((run / "checkpoints" / "best.json").read_text())["step"]
+    assert best == max(valid, key=lambda r: (r["valid_bleu"], -r["step"]))["step"]
+    assert (run / "plots" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert any(p.name.startswith("events.out.tfevents") for p in (run / "tensorboard").iterdir())
+
+
+def test_average_last_checkpoints(tmp_path):
+    run = quiet(make_config(tmp_path, "avg", max_steps=21, valid_every=7, keep_last=3))
+    r = runner.invoke(app, ["average", "--model", str(run), "--last", "3"])
+    assert r.exit_code == 0, r.output
+    out = run / "checkpoints" / "average-last-3.safetensors"
+    parts = [load_file(str(run / "checkpoints" / f"step-{s:08d}.safetensors")) for s in (7, 14, 21)]
+    avg = load_file(str(out))
+    for k in avg:
+        assert torch.allclose(avg[k], (parts[0][k] + parts[1][k] + parts[2][k]) / 3, atol=1e-6)
+    assert ckpt.read_metadata(out)["averaged"] == "step-00000021,step-00000014,step-00000007"
+    r = runner.invoke(app, ["translate", "--model", str(out)], input="hola\n")
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1
+    r = runner.invoke(app, ["average", "--model", str(run), "--last", "4"])
+    assert r.exit_code != 0
+    assert r.stderr.strip() == f"error: {run / 'checkpoints'}: 3 intact step checkpoints, --last 4 asked; keep more with train.keep_last"
