@@ -8,14 +8,52 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from seq2seq_cli.errors import UserError
 
+
+class OneLineErrors(TyperGroup):
+    """Bad flags (unknown option, beam size 0, missing --model ...) reported as one line on
+    stderr, `error: seq2seq CMD: what was wrong (see 'seq2seq CMD --help')`, exit code 2."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
+        except Exception as exc:  # the command-line parser's own exception types (Click's, or Typer's copy)
+            if not standalone_mode or not (hasattr(exc, "format_message") or type(exc).__name__ == "Abort"):
+                raise
+            sys.exit(_report_usage_error(exc))
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+def _report_usage_error(exc: Exception) -> int:
+    """Print a parser error as one line (help, for a bare command) -> the exit code."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        typer.echo(ctx.get_help())
+        return 0
+    if type(exc).__name__ == "Abort":
+        typer.echo("error: aborted", err=True)
+        return 1
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    typer.echo(f"error: {where}{message}{hint}", err=True)
+    return int(getattr(exc, "exit_code", 2))
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
+    name="seq2seq",
     help="Train and run encoder-decoder Transformers for translation.",
     no_args_is_help=True,
     add_completion=False,
@@ -66,6 +104,10 @@ def user_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except UserError as exc:
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        except OSError as exc:  # unreadable input, a full disk, a directory where a file was expected
+            where = f"{exc.filename}: " if exc.filename else ""
+            typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
             raise typer.Exit(1) from None
 
     return wrapper

@@ -192,10 +192,15 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
     return lines
 
 
-def _describe(err: dict[str, Any], source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel]) -> str:
+def _describe(
+    err: dict[str, Any], source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
+    overridden: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
+) -> str:
     loc = tuple(str(p) for p in err["loc"])
     key = ".".join(loc)
     where = f"{source}:{lines[loc]}" if loc in lines else source
+    if loc in overridden:
+        where = f"--set {key}"
     if err["type"] == "extra_forbidden":
         section: Any = model
         for part in loc[:-1]:
@@ -205,6 +210,8 @@ def _describe(err: dict[str, Any], source: str, lines: dict[tuple[str, ...], int
     if err["type"] == "missing":
         return f"{where}: missing required key '{key}'"
     msg = err["msg"].removeprefix("Value error, ")
+    if key and isinstance(err.get("input"), dict):  # a check across the keys of a section
+        return f"{where}: {key}: {msg}"
     if key:
         return f"{where}: {key}: {msg} (got {err.get('input')!r})"
     return f"{where}: {msg}"
@@ -256,14 +263,17 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             node = child
         node[parts[-1]] = value
         overridden.add(tuple(parts))
-    return validate_config(raw, str(path), {k: v for k, v in lines.items() if k not in overridden})
+    return validate_config(raw, str(path), {k: v for k, v in lines.items() if k not in overridden}, overridden)
 
 
-def validate_config(raw: dict[str, Any], source: str, lines: dict[tuple[str, ...], int] | None = None) -> Config:
+def validate_config(
+    raw: dict[str, Any], source: str, lines: dict[tuple[str, ...], int] | None = None,
+    overridden: set[tuple[str, ...]] | None = None,
+) -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        msgs = [_describe(e, source, lines or {}, Config) for e in exc.errors()]
+        msgs = [_describe(e, source, lines or {}, Config, overridden or set()) for e in exc.errors()]
         raise UserError("; ".join(msgs)) from None
 
 

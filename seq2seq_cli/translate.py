@@ -186,23 +186,39 @@ def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]
     plt.close(fig)
 
 
-def read_lines(path: Path) -> list[str]:
-    """All lines of a UTF-8 text file, with a clear error for a missing file or bad encoding."""
-    if not path.is_file():
+def check_text_file(path: Path) -> int:
+    """Check that `path` is a readable UTF-8 text file, one pass in bounded memory -> its line count.
+
+    Errors name the file, and for bad UTF-8 the line and the byte offset within it.
+    """
+    if path.is_dir():
+        raise UserError(f"{path}: cannot read (a directory, expected a text file)")
+    if not path.exists():
         raise UserError(f"{path}: input file not found")
+    count = 0
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            for count, raw in enumerate(f, start=1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise UserError(f"{path}:{count}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        offset = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1)
-        raise UserError(f"{path}:{line}: invalid UTF-8 at byte {offset} of the line ({exc.reason})") from None
-    if not text:
-        return []
-    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+    return count
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of a checked UTF-8 file (see `check_text_file`), without their newline, one at a time."""
+    with open(path, "rb") as f:
+        for raw in f:
+            yield raw.decode("utf-8").removesuffix("\n")
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a UTF-8 text file, with a clear error for a missing file or bad encoding."""
+    check_text_file(path)
+    return list(iter_lines(path))
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> int:
@@ -235,10 +251,11 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
     if src == "-":
         stream: Iterable[str] = sys.stdin
         chunk = 1 if sys.stdin.isatty() else 10000
+        total: int | None = None
     else:
-        stream = read_lines(Path(src))
+        total = check_text_file(Path(src))  # bad input is reported before anything is translated
+        stream = iter_lines(Path(src))
         chunk = 10000
-    total = len(stream) if isinstance(stream, list) else None
     bar = tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr)
     outputs = translator.translate_stream(stream, opts, chunk, bar)
     if out != "-":
