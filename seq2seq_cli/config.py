@@ -53,6 +53,9 @@ class ModelConfig(Section):
     norm: Literal["post", "pre"] = "post"
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
     max_positions: int = Field(1024, ge=2)
+    token_types: int = Field(
+        0, ge=0, description="learned token-type (segment) embeddings added to the source, as BERT's; 0 = none"
+    )
     tie_embeddings: bool = True
     bias: bool = True
 

@@ -49,6 +49,8 @@ def _attention(spec, attn: MultiHeadAttention, self_attention: bool) -> None:
 
 def _inputs(spec, embed) -> None:
     table = embed.positions.weight if embed.learned else embed.table
+    if embed.types is not None:  # every token is type 0: a constant added at every position
+        table = table + embed.types.weight[0]
     spec.position_encodings.encodings = table.detach().float().numpy()
     emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     emb.weight = embed.tokens.weight.detach().float().numpy()

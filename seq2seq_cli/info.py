@@ -168,6 +168,8 @@ def _embedding_rows(model: Seq2SeqTransformer) -> tuple[list[Row], list[str]]:
         rows.append(Row("embeddings.target_positions", model.tgt_embed.positions.weight.numel(), "learned"))
     else:
         rows.append(Row("embeddings.positions", 0, "sinusoidal table, not trained"))
+    if model.src_embed.types is not None:
+        rows.append(Row("embeddings.source_token_types", model.src_embed.types.weight.numel(), "learned segment embeddings"))
     return rows, tied
 
 

@@ -234,9 +234,11 @@ def sinusoidal_table(length: int, d_model: int) -> Tensor:
 class Embedding(nn.Module):
     """Token embedding x sqrt(D) + positional encoding, then dropout."""
 
-    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig) -> None:
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, token_types: int = 0) -> None:
         super().__init__()
         self.tokens = tokens
+        # Segment embeddings (BERT's token types); every token is type 0 unless `types` is given.
+        self.types = nn.Embedding(token_types, cfg.d_model) if token_types else None
         self.scale = math.sqrt(cfg.d_model)
         self.learned = cfg.positions == "learned"
         if self.learned:
@@ -245,11 +247,14 @@ class Embedding(nn.Module):
             self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        """ids: (B, T) at positions start..start+T-1 -> (B, T, D)."""
+    def forward(self, ids: Tensor, start: int = 0, types: Tensor | None = None) -> Tensor:
+        """ids: (B, T) at positions start..start+T-1, types: (B, T) segment ids or None -> (B, T, D)."""
         T = ids.size(1)
         pos = self.positions.weight[start : start + T] if self.learned else self.table[start : start + T]
-        return self.dropout(self.tokens(ids) * self.scale + pos)
+        x = self.tokens(ids) * self.scale + pos  # (B, T, D)
+        if self.types is not None:
+            x = x + (self.types.weight[0] if types is None else self.types(types))
+        return self.dropout(x)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -261,7 +266,7 @@ class Seq2SeqTransformer(nn.Module):
         tgt_tokens = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
         share_src = joint_vocab and cfg.tie_embeddings and src_vocab == tgt_vocab
         src_tokens = tgt_tokens if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
-        self.src_embed = Embedding(src_tokens, cfg)
+        self.src_embed = Embedding(src_tokens, cfg, cfg.token_types)
         self.tgt_embed = Embedding(tgt_tokens, cfg)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -273,10 +278,12 @@ class Seq2SeqTransformer(nn.Module):
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
-            if p.dim() > 1 and "embed.tokens" not in name and "positions" not in name:
+            if p.dim() > 1 and "embed.tokens" not in name and "positions" not in name and "embed.types" not in name:
                 nn.init.xavier_uniform_(p)
             elif name.endswith(".bias") and "norm" not in name:
                 nn.init.zeros_(p)
+        if self.src_embed.types is not None:
+            nn.init.zeros_(self.src_embed.types.weight)  # types start neutral and learn their differences
         for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
             nn.init.normal_(emb.weight, 0.0, self.cfg.d_model**-0.5)
             with torch.no_grad():

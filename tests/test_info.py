@@ -29,6 +29,7 @@ CONFIGS = [
     pytest.param({}, 29, 31, False, id="separate-vocabularies-tied-output"),
     pytest.param({"tie_embeddings": False, "norm": "pre"}, 29, 31, False, id="separate-untied-pre"),
     pytest.param({"positions": "learned"}, 23, 23, True, id="learned-positions"),
+    pytest.param({"token_types": 3}, 23, 23, True, id="token-types"),
     pytest.param({"q_k_size": 5, "v_size": 11, "heads": 3, "bias": False}, 23, 23, True, id="qk-neq-v"),
 ]
 
@@ -57,6 +58,7 @@ def test_table_total_equals_the_model_parameter_count(overrides, src_vocab, tgt_
         tgt_vocab * d
         + (0 if shared else src_vocab * d)
         + (2 * model.cfg.max_positions * d if model.cfg.positions == "learned" else 0)
+        + model.cfg.token_types * d
     )
     final_norms = table.subtotal("encoder.final_norm") + table.subtotal("decoder.final_norm")
     assert final_norms == (4 * d if model.cfg.norm == "pre" else 0)
@@ -78,16 +80,13 @@ def test_rows_follow_query_key_and_value_sizes():
 
 def test_bert_base_encoder_breakdown():
     """BERT-base with our real model: d_model 768, 12 heads of 64, FFN 3072, no linear biases
-    (the textbook count is the matrices W_Q, W_K, W_V, W_O, W_1, W_2 plus two LayerNorms).
-
-    Token embeddings (30522) plus learned positions (512) give (30522 + 512) * 768 = 23,834,112.
-    BERT's textbook 23,835,648 = (30522 + 512 + 2) * 768 also counts 2 * 768 = 1,536 token-type
-    (segment) embeddings, which an encoder-decoder translation model has no use for; they are
-    not added here, so our figure is exactly 2 * 768 below BERT's.
+    (the textbook count is the matrices W_Q, W_K, W_V, W_O, W_1, W_2 plus two LayerNorms),
+    30522 tokens, 512 learned positions and 2 token types (segments):
+    embeddings (30522 + 512 + 2) * 768 = 23,835,648.
     """
     cfg = ModelConfig(
         d_model=768, heads=12, ffn_size=3072, encoder_layers=12, decoder_layers=1, bias=False,
-        positions="learned", max_positions=512, tie_embeddings=True,
+        positions="learned", max_positions=512, tie_embeddings=True, token_types=2,
     )
     with torch.device("meta"):  # shapes only: no memory, no initialisation time
         model = build_model(cfg, 30522, 30522, joint_vocab=True)
@@ -98,8 +97,8 @@ def test_bert_base_encoder_breakdown():
     assert table.subtotal("encoder.0.norm") == 3_072
     assert sum(table.subtotal(f"encoder.{i}.self_attn") for i in range(12)) == 28_311_552
     assert sum(table.subtotal(f"encoder.{i}.ffn") for i in range(12)) == 56_623_104
-    ours = table.subtotal("embeddings.tokens") + table.subtotal("embeddings.source_positions")
-    assert ours == (30522 + 512) * 768 == 23_835_648 - 2 * 768
+    embeddings = sum(table.subtotal(f"embeddings.{part}") for part in ("tokens", "source_positions", "source_token_types"))
+    assert embeddings == (30522 + 512 + 2) * 768 == 23_835_648
     assert table.total == sum(p.numel() for p in model.parameters())
 
 

@@ -201,3 +201,15 @@ def test_normal_path_never_computes_explicit_weights(monkeypatch):
     model.decode(tgt[:, 1:2], state, incremental=True)
     with pytest.raises(AssertionError, match="explicit attention path"):
         model.attention_maps(src, tgt)
+
+
+def test_token_types_default_to_type_zero_and_change_the_encoding():
+    model = tiny_model(token_types=2)
+    with torch.no_grad():
+        model.src_embed.types.weight.normal_()  # trained types differ; zeros at initialisation
+    src = torch.tensor([[5, 6, 7, 3]])
+    zeros, ones = torch.zeros_like(src), torch.ones_like(src)
+    default = model.src_embed(src)
+    assert torch.equal(default, model.src_embed(src, types=zeros))
+    assert not torch.allclose(default, model.src_embed(src, types=ones))
+    assert torch.allclose(model.src_embed(src, types=ones) - default, model.src_embed.types.weight[1] - model.src_embed.types.weight[0])
