@@ -56,7 +56,7 @@ def test_oversized_pair_gets_a_batch_of_its_own():
 
 
 def test_epoch_batches_depend_only_on_seed_and_epoch():
-    corpus = EncodedCorpus([[5] * (i % 17 + 1) for i in range(300)], [[6] * (i % 13 + 1) for i in range(300)])
+    corpus = EncodedCorpus.from_lists([[5] * (i % 17 + 1) for i in range(300)], [[6] * (i % 13 + 1) for i in range(300)])
     a, b = epoch_batches(corpus, 64, 1, 0), epoch_batches(corpus, 64, 1, 0)
     assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
     c = epoch_batches(corpus, 64, 1, 1)
@@ -64,7 +64,7 @@ def test_epoch_batches_depend_only_on_seed_and_epoch():
 
 
 def test_collate_literal():
-    corpus = EncodedCorpus([[7, 8], [9]], [[10], [11, 12, 13]])
+    corpus = EncodedCorpus.from_lists([[7, 8], [9]], [[10], [11, 12, 13]])
     src, tgt_in, tgt_out = collate(corpus, np.array([0, 1]))
     assert src.tolist() == [[7, 8, EOS], [9, EOS, PAD]]
     assert tgt_in.tolist() == [[BOS, 10, PAD, PAD], [BOS, 11, 12, 13]]
