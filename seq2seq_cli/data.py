@@ -393,10 +393,9 @@ def encoded_split(
             encoded.select(keep).remove_columns(["_drop", "_hash"]).save_to_disk(str(build / "dataset"))
             (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
             del encoded, raw
-            if label == "train":  # one training cache is kept: older ones are stale
-                for old in root.glob("train-*"):
-                    if "building" not in old.name:
-                        shutil.rmtree(old, ignore_errors=True)
+            for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
+                if "building" not in old.name:
+                    shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(path, ignore_errors=True)
             os.replace(build / "dataset", path)
         finally:
@@ -486,9 +485,23 @@ def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool) -> Ten
     return torch.from_numpy(out)
 
 
+def _take(table: pa.Table, column: str, index: np.ndarray) -> pa.Array:
+    """Rows `index` of a column, in that order, taken chunk by chunk: a take on the whole
+    chunked column would first concatenate it, reading every page of the memory map."""
+    col = table.column(column)
+    starts = np.cumsum([0] + [len(c) for c in col.chunks])
+    chunk = np.searchsorted(starts, index, side="right") - 1
+    order = np.argsort(chunk, kind="stable")
+    idx, chunk = index[order], chunk[order]
+    bounds = np.flatnonzero(np.diff(chunk)) + 1
+    parts = [col.chunk(int(c[0])).take(pa.array(i - starts[c[0]])) for c, i in zip(np.split(chunk, bounds), np.split(idx, bounds))]
+    rows = pa.concat_arrays(parts) if parts else pa.array([], type=col.type)
+    return rows.take(pa.array(np.argsort(order)))
+
+
 def _gather(table: pa.Table, column: str, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, concatenated ids) of the rows `index` of a list column."""
-    rows = table.column(column).take(pa.array(index)).combine_chunks()
+    rows = _take(table, column, index)
     return rows.value_lengths().to_numpy(zero_copy_only=False), rows.flatten().to_numpy(zero_copy_only=False)
 
 
@@ -501,8 +514,8 @@ def _sample(corpus: EncodedCorpus, index: np.ndarray, key: tuple[int, ...]) -> t
     s = corpus.sampling
     assert s is not None
     table = corpus.table
-    texts = [table.column(c).take(pa.array(index)).to_pylist() for c in ("src", "tgt")]
-    fixed = [table.column(c).take(pa.array(index)).to_pylist() for c in ("src_ids", "tgt_ids")]
+    texts = [_take(table, c, index).to_pylist() for c in ("src", "tgt")]
+    fixed = [_take(table, c, index).to_pylist() for c in ("src_ids", "tgt_ids")]
     out = []
     for side, (sp, texts_, fixed_, limit) in enumerate(
         ((s.src_sp, texts[0], fixed[0], s.max_src_len), (s.tgt_sp, texts[1], fixed[1], s.max_tgt_len))

@@ -240,3 +240,13 @@ def test_supplied_model_is_checked(tmp_path, models):
             train_tokenizer(_config(tmp_path, str(SHIPPED / "valid"), given))
     with pytest.raises(UserError, match="set both src_model and tgt_model"):
         load_config(REPO / "configs" / "tiny.yaml", ["tokenizer.joint=false", f"tokenizer.src_model={models['bpe']}"])
+
+
+def test_tokenize_reads_any_format(tmp_path):
+    es = (SHIPPED / "valid.es").read_text(encoding="utf-8").splitlines()
+    en = (SHIPPED / "valid.en").read_text(encoding="utf-8").splitlines()
+    path = _write(tmp_path / "all.jsonl.gz", [json.dumps({"translation": {"es": s, "en": t}}) for s, t in zip(es, en)])
+    config = _config(tmp_path, str(path)).model_copy(update={"tokenizer": TokenizerConfig(vocab_size=300)})
+    (model,) = train_tokenizer(config)
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    assert sp.get_piece_size() == 300 and sp.decode(sp.encode(en[0])) == en[0]
