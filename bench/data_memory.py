@@ -70,7 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=20, help="size of the large corpus, in copies of the shipped one")
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--pairs", type=int, default=1_000_000, help="pairs for the encoding throughput")
+    ap.add_argument("--pairs", type=int, default=1_000_000, help="pairs for the encoding throughput; 0 = skip")
     ap.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
@@ -104,11 +104,11 @@ def main() -> None:
         for key in ("peak_rss_mib_encoding", "peak_rss_mib_cached"):
             print(f"ratio x{args.repeat}/x1 ({key}): {big[key] / results['x1'][key]:.3f}")
 
-        million = repeat_corpus(tmp / "million", pairs=args.pairs)
+        million = repeat_corpus(tmp / "million", pairs=args.pairs) if args.pairs else ""
         src_sp, tgt_sp = load_tokenizers(tok.run_path, True)
         from seq2seq_cli.data import encoded_split
 
-        for proc in args.num_proc:
+        for proc in args.num_proc if args.pairs else []:
             cfg = Config(name="enc", run_dir=str(tmp / f"enc{proc}"),
                          data=DataConfig(train=million, src_lang="es", tgt_lang="en", num_proc=proc, max_src_len=256,
                                          max_tgt_len=256),

@@ -14,9 +14,11 @@ pairs of similar length together; their order is shuffled each epoch from the se
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import hashlib
 import json
+import mmap
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -65,6 +67,7 @@ class EncodedCorpus:
     sampling: Sampling | None = None
     from_cache: bool = False
     cache_path: Path | None = None
+    release: Callable[[], None] | None = None  # drops the memory map's pages from this process
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -361,6 +364,34 @@ def _empty_error(encoded, source: Source) -> None:
     raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
 
 
+class PageRelease:
+    """Drop this process's resident pages of the memory-mapped files under a directory
+    (madvise DONTNEED; Linux). The data stays in the file and the page cache and is read back
+    on the next access, so a training process's RSS does not grow with the part of the corpus
+    it has already visited. Only read-only file mappings listed in /proc/self/maps are touched."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        root = str(directory.resolve()) + os.sep
+        try:
+            with open("/proc/self/maps", encoding="utf-8") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].rstrip("\n").startswith(root) and "w" not in fields[1]:
+                        start, end = (int(x, 16) for x in fields[0].split("-"))
+                        self.ranges.append((start, end))
+        except OSError:
+            pass
+        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if self.ranges and advice is not None else None
+        self._advice = advice
+
+    def __call__(self) -> None:
+        if self._madvise is not None:
+            for start, end in self.ranges:
+                self._madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), self._advice)
+
+
 def encoded_split(
     config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None
 ) -> EncodedCorpus:
@@ -403,6 +434,8 @@ def encoded_split(
     stats = json.loads((path / "stats.json").read_text())
     corpus = _corpus(datasets.load_from_disk(str(path)), stats["dropped"])
     corpus.from_cache, corpus.cache_path = from_cache, path
+    corpus.release = PageRelease(path)
+    corpus.release()  # reading the length columns mapped pages all over the file
     if training and t.sampling:
         corpus.sampling = Sampling(src_sp, tgt_sp, t.alpha, t.nbest, d.max_src_len, d.max_tgt_len)
     return corpus
@@ -534,7 +567,11 @@ def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...
     index = np.asarray(index)
     if sample_key is not None and corpus.sampling is not None:
         src, tgt = _sample(corpus, index, sample_key)
+        if corpus.release is not None:
+            corpus.release()
         return pad_batch(src, [], [EOS]), pad_batch(tgt, [BOS], []), pad_batch(tgt, [], [EOS])
     src_lens, src_vals = _gather(corpus.table, "src_ids", index)
     tgt_lens, tgt_vals = _gather(corpus.table, "tgt_ids", index)
+    if corpus.release is not None:
+        corpus.release()
     return _pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False), _pad_flat(tgt_lens, tgt_vals, False, True)
