@@ -250,3 +250,16 @@ def test_tokenize_reads_any_format(tmp_path):
     (model,) = train_tokenizer(config)
     sp = spm.SentencePieceProcessor(model_file=str(model))
     assert sp.get_piece_size() == 300 and sp.decode(sp.encode(en[0])) == en[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs /proc/self/maps (Linux)")
+def test_cached_corpus_is_memory_mapped_and_its_pages_can_be_released(tmp_path, models):
+    sp = spm.SentencePieceProcessor(model_file=str(models["unigram"]))
+    train = _all_formats(tmp_path)["text"][0]
+    corpus = encoded_split(_config(tmp_path, train), train, sp, sp, training=True)
+    maps = Path("/proc/self/maps").read_text()
+    assert str(corpus.cache_path.resolve()) in maps and corpus.release.ranges
+    index = np.arange(len(corpus))[::-1]
+    first = collate(corpus, index)  # releases the pages it read
+    assert [t.tolist() for t in collate(corpus, index)] == [t.tolist() for t in first]
+    assert first[0][0, : len(sp.encode(ES[-1])) + 1].tolist() == sp.encode(ES[-1]) + [EOS]
