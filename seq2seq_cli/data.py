@@ -40,6 +40,7 @@ from seq2seq_cli.tokenizer import BOS, EOS, PAD
 CACHE_VERSION = 1
 DROP_REASONS = ("empty", "too_long", "ratio", "duplicate")  # codes 1.. in the `_drop` column
 ENCODE_BATCH = 1000
+PAIRS_FILE = "pairs.arrow"
 
 
 @dataclass
@@ -155,8 +156,10 @@ def _load_lines(path: Path, cache_dir: Path | None):
     """One row per line (`text` column), in file order: row i is line i + 1."""
     datasets = _quiet_datasets()
     try:
+        # 1 MB read chunks (not 10 MB) keep the memory of reading a large file small
         return datasets.load_dataset(
-            "text", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None
+            "text", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None,
+            chunksize=1 << 20,
         )
     except Exception as exc:  # datasets wraps decoding errors in its own exception types
         cause: BaseException | None = exc
@@ -257,6 +260,36 @@ def read_parallel(
 # --------------------------------------------------------------------------- encoding
 
 
+class PageRelease:
+    """Drop this process's resident pages of the memory-mapped files under a directory
+    (madvise DONTNEED; Linux). The data stays in the file and the page cache and is read back
+    on the next access, so a training process's RSS does not grow with the part of the corpus
+    it has already visited. Only read-only file mappings listed in /proc/self/maps are touched."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        root = str(directory.resolve()) + os.sep
+        try:
+            with open("/proc/self/maps", encoding="utf-8") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].rstrip("\n").startswith(root) and "w" not in fields[1]:
+                        start, end = (int(x, 16) for x in fields[0].split("-"))
+                        self.ranges.append((start, end))
+        except OSError:
+            pass
+        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if self.ranges and advice is not None else None
+        self._advice = advice
+
+    def __call__(self) -> None:
+        if self._madvise is not None:
+            for start, end in self.ranges:
+                self._madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), self._advice)
+
+
+
+
 @dataclass(frozen=True)
 class Filters:
     """What drops a training pair (lengths in subwords, EOS not counted)."""
@@ -267,7 +300,15 @@ class Filters:
     dedup: bool = False
 
 
-def _encode_batch(batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters) -> dict[str, list]:
+_RELEASES: dict[tuple[int, str], PageRelease] = {}
+
+
+def _encode_batch(batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None) -> dict[str, list]:
+    if release_dir:  # pages of the memory-mapped input already read (per process: map workers too)
+        key = (os.getpid(), release_dir)
+        if key not in _RELEASES:
+            _RELEASES[key] = PageRelease(Path(release_dir))
+        _RELEASES[key]()
     src_ids, tgt_ids = src_sp.encode(batch["src"]), tgt_sp.encode(batch["tgt"])
     drop, hashes = [], []
     for s, t, text_s, text_t in zip(src_ids, tgt_ids, batch["src"], batch["tgt"]):
@@ -293,7 +334,8 @@ def _encode_batch(batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters)
     }
 
 
-def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_file: Path | None = None):
+def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_file: Path | None = None,
+            release_dir: Path | None = None):
     """Batched `datasets.map` that adds ids, lengths, a drop code and a pair hash to each row."""
     datasets = _quiet_datasets()
     ids = datasets.List(datasets.Value("int32")) if hasattr(datasets, "List") else datasets.Sequence(datasets.Value("int32"))
@@ -304,7 +346,8 @@ def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_
     })
     return dataset.map(
         _encode_batch, batched=True, batch_size=ENCODE_BATCH, features=features,
-        fn_kwargs={"src_sp": src_sp, "tgt_sp": tgt_sp, "filters": filters},
+        fn_kwargs={"src_sp": src_sp, "tgt_sp": tgt_sp, "filters": filters,
+                   "release_dir": str(release_dir) if release_dir else None},
         num_proc=num_proc if num_proc > 1 else None,
         cache_file_name=str(cache_file) if cache_file else None,
         keep_in_memory=cache_file is None, load_from_cache_file=False,
@@ -344,6 +387,22 @@ def encode_corpus(dataset, src_sp, tgt_sp, max_src_len: int | None = None, max_t
     return _corpus(encoded.select(keep).flatten_indices(keep_in_memory=True), dropped)
 
 
+def _write_kept(encoded, keep: np.ndarray, path: Path, release: Callable[[], None]) -> None:
+    """Stream the rows `keep` of `encoded`, without the drop code and hash columns, to an
+    Arrow file one record batch at a time, releasing the pages read as it goes."""
+    mask = np.zeros(len(encoded), dtype=bool)
+    mask[keep] = True
+    table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
+    table = table.drop_columns(["_drop", "_hash"]).replace_schema_metadata(None)
+    start = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        for i, batch in enumerate(table.to_batches(max_chunksize=ENCODE_BATCH)):
+            writer.write_batch(batch.filter(pa.array(mask[start : start + len(batch)])))
+            start += len(batch)
+            if i % 64 == 63:
+                release()
+
+
 def _fingerprint(source: Source, src_sp, tgt_sp, settings: dict[str, Any]) -> str:
     h = hashlib.sha256()
     files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in source.files]
@@ -362,34 +421,6 @@ def _empty_error(encoded, source: Source) -> None:
     side = "source" if not row["src_ids"] else "target"
     path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
     raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
-
-
-class PageRelease:
-    """Drop this process's resident pages of the memory-mapped files under a directory
-    (madvise DONTNEED; Linux). The data stays in the file and the page cache and is read back
-    on the next access, so a training process's RSS does not grow with the part of the corpus
-    it has already visited. Only read-only file mappings listed in /proc/self/maps are touched."""
-
-    def __init__(self, directory: Path) -> None:
-        self.ranges: list[tuple[int, int]] = []
-        advice = getattr(mmap, "MADV_DONTNEED", None)
-        root = str(directory.resolve()) + os.sep
-        try:
-            with open("/proc/self/maps", encoding="utf-8") as f:
-                for line in f:
-                    fields = line.split(maxsplit=5)
-                    if len(fields) == 6 and fields[5].rstrip("\n").startswith(root) and "w" not in fields[1]:
-                        start, end = (int(x, 16) for x in fields[0].split("-"))
-                        self.ranges.append((start, end))
-        except OSError:
-            pass
-        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if self.ranges and advice is not None else None
-        self._advice = advice
-
-    def __call__(self) -> None:
-        if self._madvise is not None:
-            for start, end in self.ranges:
-                self._madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), self._advice)
 
 
 def encoded_split(
@@ -417,11 +448,12 @@ def encoded_split(
         try:
             raw = read_parallel(value, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
                                 src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
-            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow")
+            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", config.run_path / "cache")
             if d.on_empty == "error":
                 _empty_error(encoded, source)
             keep, dropped = _keep(encoded, filters.dedup)
-            encoded.select(keep).remove_columns(["_drop", "_hash"]).save_to_disk(str(build / "dataset"))
+            (build / "dataset").mkdir()
+            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, PageRelease(config.run_path / "cache"))
             (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
             del encoded, raw
             for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
@@ -432,7 +464,7 @@ def encoded_split(
         finally:
             shutil.rmtree(build, ignore_errors=True)
     stats = json.loads((path / "stats.json").read_text())
-    corpus = _corpus(datasets.load_from_disk(str(path)), stats["dropped"])
+    corpus = _corpus(datasets.Dataset.from_file(str(path / PAIRS_FILE)), stats["dropped"])
     corpus.from_cache, corpus.cache_path = from_cache, path
     corpus.release = PageRelease(path)
     corpus.release()  # reading the length columns mapped pages all over the file
