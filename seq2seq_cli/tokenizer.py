@@ -94,7 +94,7 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
 def train_tokenizer(config: Config) -> list[Path]:
     """Train the SentencePiece model(s) on the training split (or copy the ones
     tokenizer.src_model/tgt_model name) into the run directory; return the model paths."""
-    from seq2seq_cli.data import read_parallel, split_source
+    from seq2seq_cli.formats import read_parallel, split_source
 
     d, t = config.data, config.tokenizer
     run_dir = config.run_path

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig, load_config
-from seq2seq_cli.data import collate, encoded_split, read_parallel
+from seq2seq_cli.data import collate, encoded_split
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.tokenizer import BOS, EOS, PAD, load_tokenizers, train_tokenizer
 from test_checkpoint import assert_same, make_config, quiet
 
