@@ -24,11 +24,20 @@ class Section(BaseModel):
 class DataConfig(Section):
     src_lang: str = Field("src", description="suffix of source files: PREFIX.SRC_LANG")
     tgt_lang: str = Field("tgt", description="suffix of target files: PREFIX.TGT_LANG")
-    train: str = Field(description="prefix of the training files, e.g. data/bible-es-en/train")
-    valid: str | None = Field(None, description="prefix of the validation files")
-    test: str | None = Field(None, description="prefix of the test files (used by the quick start)")
+    train: str = Field(description="training split: a prefix (text files) or a .tsv/.jsonl file")
+    valid: str | None = Field(None, description="validation split, as train")
+    test: str | None = Field(None, description="test split, as train (used by the quick start)")
+    format: Literal["auto", "text", "tsv", "jsonl"] = Field(
+        "auto", description="auto: .tsv/.jsonl (optionally .gz) by file name, else two aligned text files"
+    )
+    src_field: str | None = Field(None, description="JSONL field of the source; default src_lang")
+    tgt_field: str | None = Field(None, description="JSONL field of the target; default tgt_lang")
+    on_empty: Literal["skip", "error"] = Field("skip", description="pairs with an empty side: skip and count, or stop")
     max_src_len: int = Field(256, ge=1, description="training pairs with more source subwords are dropped")
     max_tgt_len: int = Field(256, ge=1, description="training pairs with more target subwords are dropped")
+    max_len_ratio: float | None = Field(None, ge=1.0, description="drop training pairs whose subword lengths differ by more than this factor")
+    dedup: bool = Field(False, description="drop repeated (source, target) training pairs")
+    num_proc: int = Field(1, ge=1, description="processes for reading and encoding")
 
 
 class TokenizerConfig(Section):
@@ -37,6 +46,19 @@ class TokenizerConfig(Section):
     joint: bool = Field(True, description="one vocabulary for source and target")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0)
     input_sentence_size: int = Field(0, ge=0, description="sample this many sentences to train on; 0 = all")
+    src_model: str | None = Field(None, description="existing SentencePiece model to use instead of training (the joint one)")
+    tgt_model: str | None = Field(None, description="existing target model when joint is false")
+    sampling: bool = Field(False, description="subword regularisation of training batches")
+    alpha: float = Field(0.1, gt=0.0, le=1.0, description="unigram smoothing, or the BPE dropout probability")
+    nbest: int = Field(-1, ge=-1, description="unigram: sample among the n best segmentations; -1 = all")
+
+    @model_validator(mode="after")
+    def _given_models(self) -> TokenizerConfig:
+        if self.joint and self.tgt_model is not None:
+            raise ValueError("tgt_model is for separate vocabularies (joint: false); with joint: true set src_model only")
+        if not self.joint and (self.src_model is None) != (self.tgt_model is None):
+            raise ValueError("with joint: false set both src_model and tgt_model, or neither")
+        return self
 
 
 class ModelConfig(Section):

@@ -1,122 +1,311 @@
-"""Parallel corpora: read through HF `datasets` (local files only), check, encode, batch.
+"""Parallel corpora: encode, filter, cache, batch.
 
-A split is two aligned text files, PREFIX.SRC_LANG and PREFIX.TGT_LANG, one sentence per line.
-Batches hold at most `max_tokens` source or target tokens, padding included, with pairs of
-similar length together; their order is shuffled each epoch from the seed.
+Splits are read and checked line by line by `formats` (text, TSV, JSONL, gzip). Encoded
+splits are cached as Arrow under RUN/cache/encoded/, keyed by a fingerprint of the input
+files, the tokenizer model(s) and the filter settings, and memory-mapped for training: only
+the length arrays live in memory, a batch's rows are gathered from Arrow when it is
+collated. Batches hold at most `max_tokens` source or target tokens, padding included, with
+pairs of similar length together; their order is shuffled each epoch from the seed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import json
+import mmap
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import Tensor
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.formats import Source, quiet_datasets, read_parallel, split_source
 from seq2seq_cli.tokenizer import BOS, EOS, PAD
+
+CACHE_VERSION = 1
+DROP_REASONS = ("empty", "too_long", "ratio", "duplicate")  # codes 1.. in the `_drop` column
+ENCODE_BATCH = 1000
+PAIRS_FILE = "pairs.arrow"
+
+
+@dataclass
+class Sampling:
+    """Subword regularisation of training batches (SentencePiece sampling / BPE dropout)."""
+
+    src_sp: Any
+    tgt_sp: Any
+    alpha: float
+    nbest: int
+    max_src_len: int
+    max_tgt_len: int
 
 
 @dataclass
 class EncodedCorpus:
-    """Encoded pairs of one split: source ids (EOS not included) and target ids (no BOS/EOS)."""
+    """Encoded pairs of one split, in an Arrow table with columns `src_ids` (EOS not included)
+    and `tgt_ids` (no BOS/EOS), and `src`/`tgt` text when read from files. The length arrays
+    count EOS (source) or BOS/EOS (target)."""
 
-    src: list[list[int]]
-    tgt: list[list[int]]
+    table: pa.Table
+    src_lens: np.ndarray
+    tgt_lens: np.ndarray
     dropped: dict[str, int] = field(default_factory=dict)
+    sampling: Sampling | None = None
+    from_cache: bool = False
+    cache_path: Path | None = None
+    release: Callable[[], None] | None = None  # drops the memory map's pages from this process
 
     def __len__(self) -> int:
-        return len(self.src)
+        return len(self.src_lens)
 
-    @property
-    def src_lens(self) -> np.ndarray:
-        """Encoder input lengths (EOS counted)."""
-        return np.fromiter((len(s) + 1 for s in self.src), dtype=np.int64, count=len(self.src))
-
-    @property
-    def tgt_lens(self) -> np.ndarray:
-        """Decoder input/output lengths (BOS or EOS counted)."""
-        return np.fromiter((len(t) + 1 for t in self.tgt), dtype=np.int64, count=len(self.tgt))
+    @classmethod
+    def from_lists(cls, src: list[list[int]], tgt: list[list[int]], dropped: dict[str, int] | None = None) -> EncodedCorpus:
+        ids = pa.list_(pa.int32())
+        table = pa.table({"src_ids": pa.array(src, type=ids), "tgt_ids": pa.array(tgt, type=ids)})
+        lens = [np.array([len(x) + 1 for x in seqs], dtype=np.int32) for seqs in (src, tgt)]
+        return cls(table, lens[0], lens[1], dict(dropped or {}))
 
 
-def _first_bad_utf8(path: Path) -> tuple[int, int, str]:
-    """(line number, byte offset in the line, reason) of the first invalid UTF-8 in a file."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return number, exc.start, exc.reason
-    return 0, 0, "unknown"
+# --------------------------------------------------------------------------- encoding
 
 
-def split_files(prefix: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
-    return Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}")
+class PageRelease:
+    """Drop this process's resident pages of the memory-mapped files under a directory
+    (madvise DONTNEED; Linux). The data stays in the file and the page cache and is read back
+    on the next access, so a training process's RSS does not grow with the part of the corpus
+    it has already visited. Only read-only file mappings listed in /proc/self/maps are touched."""
 
-
-def read_parallel(prefix: str, src_lang: str, tgt_lang: str, cache_dir: Path | None = None):
-    """Read a split into a `datasets.Dataset` with columns `src` and `tgt`.
-
-    Raises UserError for a missing file, invalid UTF-8 (file, line, byte) or differing line counts.
-    """
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    src_file, tgt_file = split_files(prefix, src_lang, tgt_lang)
-    for f in (src_file, tgt_file):
-        if not f.is_file():
-            raise UserError(f"{f}: file not found (expected {prefix}.{src_lang} and {prefix}.{tgt_lang})")
-    columns = {}
-    for name, f in (("src", src_file), ("tgt", tgt_file)):
+    def __init__(self, directory: Path) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        root = str(directory.resolve()) + os.sep
         try:
-            ds = datasets.load_dataset(
-                "text", data_files=str(f), split="train", cache_dir=str(cache_dir) if cache_dir else None
-            )
-        except Exception as exc:  # datasets wraps decoding errors in its own exception types
-            cause = exc
-            while cause is not None and not isinstance(cause, UnicodeDecodeError):
-                cause = cause.__cause__ or cause.__context__
-            if cause is None:
-                raise
-            line, offset, reason = _first_bad_utf8(f)
-            raise UserError(f"{f}:{line}: invalid UTF-8 at byte {offset} of the line ({reason})") from None
-        columns[name] = ds
-    if len(columns["src"]) != len(columns["tgt"]):
-        raise UserError(
-            f"{src_file} has {len(columns['src'])} lines but {tgt_file} has {len(columns['tgt'])}; "
-            "source and target files must be aligned line by line"
-        )
-    return datasets.concatenate_datasets(
-        [columns["src"].rename_column("text", "src"), columns["tgt"].rename_column("text", "tgt")], axis=1
+            with open("/proc/self/maps", encoding="utf-8") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].rstrip("\n").startswith(root) and "w" not in fields[1]:
+                        start, end = (int(x, 16) for x in fields[0].split("-"))
+                        self.ranges.append((start, end))
+        except OSError:
+            pass
+        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if self.ranges and advice is not None else None
+        self._advice = advice
+
+    def __call__(self) -> None:
+        if self._madvise is not None:
+            for start, end in self.ranges:
+                self._madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), self._advice)
+
+
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What drops a training pair (lengths in subwords, EOS not counted)."""
+
+    max_src_len: int | None = None
+    max_tgt_len: int | None = None
+    max_len_ratio: float | None = None
+    dedup: bool = False
+
+
+_RELEASES: dict[tuple[int, str], PageRelease] = {}
+
+
+def _encode_batch(batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None) -> dict[str, list]:
+    if release_dir:  # pages of the memory-mapped input already read (per process: map workers too)
+        key = (os.getpid(), release_dir)
+        if key not in _RELEASES:
+            _RELEASES[key] = PageRelease(Path(release_dir))
+        _RELEASES[key]()
+    src_ids, tgt_ids = src_sp.encode(batch["src"]), tgt_sp.encode(batch["tgt"])
+    drop, hashes = [], []
+    for s, t, text_s, text_t in zip(src_ids, tgt_ids, batch["src"], batch["tgt"]):
+        ls, lt = len(s), len(t)
+        if not ls or not lt:
+            code = 1
+        elif (filters.max_src_len and ls > filters.max_src_len) or (filters.max_tgt_len and lt > filters.max_tgt_len):
+            code = 2
+        elif filters.max_len_ratio and max(ls, lt) > filters.max_len_ratio * min(ls, lt):
+            code = 3
+        else:
+            code = 0
+        drop.append(code)
+        if filters.dedup:
+            digest = hashlib.blake2b(f"{text_s}\t{text_t}".encode(), digest_size=8).digest()
+            hashes.append(int.from_bytes(digest, "little", signed=True))
+        else:
+            hashes.append(0)
+    return {
+        "src_ids": src_ids, "tgt_ids": tgt_ids,
+        "src_len": [len(s) + 1 for s in src_ids], "tgt_len": [len(t) + 1 for t in tgt_ids],
+        "_drop": drop, "_hash": hashes,
+    }
+
+
+def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_file: Path | None = None,
+            release_dir: Path | None = None):
+    """Batched `datasets.map` that adds ids, lengths, a drop code and a pair hash to each row."""
+    datasets = quiet_datasets()
+    ids = datasets.List(datasets.Value("int32")) if hasattr(datasets, "List") else datasets.Sequence(datasets.Value("int32"))
+    features = datasets.Features({
+        "src": datasets.Value("string"), "tgt": datasets.Value("string"), "src_ids": ids, "tgt_ids": ids,
+        "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32"),
+        "_drop": datasets.Value("int8"), "_hash": datasets.Value("int64"),
+    })
+    return dataset.map(
+        _encode_batch, batched=True, batch_size=ENCODE_BATCH, features=features,
+        fn_kwargs={"src_sp": src_sp, "tgt_sp": tgt_sp, "filters": filters,
+                   "release_dir": str(release_dir) if release_dir else None},
+        num_proc=num_proc if num_proc > 1 else None,
+        cache_file_name=str(cache_file) if cache_file else None,
+        keep_in_memory=cache_file is None, load_from_cache_file=False,
+    )
+
+
+def _keep(encoded, dedup: bool) -> tuple[np.ndarray, dict[str, int]]:
+    """Indices of the rows that survive the filters, and how many each reason dropped."""
+    drop = encoded.data.column("_drop").to_numpy()
+    keep = drop == 0
+    dropped = {reason: int((drop == code).sum()) for code, reason in enumerate(DROP_REASONS[:3], start=1)}
+    dropped["duplicate"] = 0
+    if dedup:
+        kept = np.flatnonzero(keep)
+        hashes = encoded.data.column("_hash").to_numpy()[kept]
+        _, first = np.unique(hashes, return_index=True)
+        unique = np.zeros(len(kept), dtype=bool)
+        unique[first] = True
+        keep[kept[~unique]] = False
+        dropped["duplicate"] = int((~unique).sum())
+    return np.flatnonzero(keep), dropped
+
+
+def _corpus(ds, dropped: dict[str, int]) -> EncodedCorpus:
+    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+    return EncodedCorpus(
+        table, ds.data.column("src_len").to_numpy().astype(np.int32), ds.data.column("tgt_len").to_numpy().astype(np.int32),
+        dropped,
     )
 
 
 def encode_corpus(dataset, src_sp, tgt_sp, max_src_len: int | None = None, max_tgt_len: int | None = None) -> EncodedCorpus:
-    """Encode a `src`/`tgt` dataset with SentencePiece; drop (and count) pairs that are empty
-    or longer than the limits (in subwords)."""
+    """Encode a `src`/`tgt` dataset in memory; drop (and count) pairs that are empty or longer
+    than the limits (in subwords)."""
+    encoded = _encode(dataset, src_sp, tgt_sp, Filters(max_src_len, max_tgt_len))
+    keep, dropped = _keep(encoded, False)
+    return _corpus(encoded.select(keep).flatten_indices(keep_in_memory=True), dropped)
 
-    def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return {"src_ids": src_sp.encode(batch["src"]), "tgt_ids": tgt_sp.encode(batch["tgt"])}
 
-    encoded = dataset.map(encode, batched=True, batch_size=2000, remove_columns=["src", "tgt"])
-    src_all, tgt_all = encoded["src_ids"], encoded["tgt_ids"]
-    src, tgt = [], []
-    dropped = {"empty": 0, "too_long": 0}
-    for s, t in zip(src_all, tgt_all):
-        if not s or not t:
-            dropped["empty"] += 1
-        elif (max_src_len and len(s) > max_src_len) or (max_tgt_len and len(t) > max_tgt_len):
-            dropped["too_long"] += 1
-        else:
-            src.append(s)
-            tgt.append(t)
-    return EncodedCorpus(src, tgt, dropped)
+def _write_kept(encoded, keep: np.ndarray, path: Path, release: Callable[[], None]) -> None:
+    """Stream the rows `keep` of `encoded`, without the drop code and hash columns, to an
+    Arrow file one record batch at a time, releasing the pages read as it goes."""
+    mask = np.zeros(len(encoded), dtype=bool)
+    mask[keep] = True
+    table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
+    table = table.drop_columns(["_drop", "_hash"]).replace_schema_metadata(None)
+    start = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        for i, batch in enumerate(table.to_batches(max_chunksize=ENCODE_BATCH)):
+            writer.write_batch(batch.filter(pa.array(mask[start : start + len(batch)])))
+            start += len(batch)
+            if i % 64 == 63:
+                release()
+
+
+def _fingerprint(source: Source, src_sp, tgt_sp, settings: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in source.files]
+    h.update(json.dumps({"version": CACHE_VERSION, "format": source.format, "files": files, **settings}).encode())
+    h.update(src_sp.serialized_model_proto())
+    h.update(tgt_sp.serialized_model_proto())
+    return h.hexdigest()[:20]
+
+
+def _empty_error(encoded, source: Source) -> None:
+    """on_empty: error -> raise for the first pair with an empty side, naming its file and line."""
+    index = pc.index(pc.equal(encoded.data.column("_drop"), 1), True).as_py()
+    if index < 0:
+        return
+    row = encoded[index]
+    side = "source" if not row["src_ids"] else "target"
+    path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
+    raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
+
+
+def encoded_split(
+    config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None
+) -> EncodedCorpus:
+    """The encoded, filtered pairs of a split, from RUN/cache/encoded/ when the input files,
+    tokenizer model(s) and filter settings are unchanged, else encoded (batched `datasets.map`,
+    data.num_proc processes) and cached there. Filters other than emptiness apply to training."""
+    datasets = quiet_datasets()
+    d, t = config.data, config.tokenizer
+    source = split_source(value, d.src_lang, d.tgt_lang, d.format)
+    filters = Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, d.dedup) if training else Filters()
+    settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
+                "src_field": d.src_field, "tgt_field": d.tgt_field}
+    label = "train" if training else "valid"
+    root = config.run_path / "cache" / "encoded"
+    path = root / f"{label}-{_fingerprint(source, src_sp, tgt_sp, settings)}"
+    from_cache = (path / "stats.json").is_file()
+    if from_cache:
+        log(f"reusing encoded {source.describe()} from {path}")
+    else:
+        build = root / f"{path.name}.building-{os.getpid()}"
+        shutil.rmtree(build, ignore_errors=True)
+        build.mkdir(parents=True)
+        try:
+            raw = read_parallel(value, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
+                                src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
+            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", config.run_path / "cache")
+            if d.on_empty == "error":
+                _empty_error(encoded, source)
+            keep, dropped = _keep(encoded, filters.dedup)
+            (build / "dataset").mkdir()
+            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, PageRelease(config.run_path / "cache"))
+            (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
+            del encoded, raw
+            for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
+                if "building" not in old.name:
+                    shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(build / "dataset", path)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+    stats = json.loads((path / "stats.json").read_text())
+    corpus = _corpus(datasets.Dataset.from_file(str(path / PAIRS_FILE)), stats["dropped"])
+    corpus.from_cache, corpus.cache_path = from_cache, path
+    corpus.release = PageRelease(path)
+    corpus.release()  # reading the length columns mapped pages all over the file
+    if training and t.sampling:
+        corpus.sampling = Sampling(src_sp, tgt_sp, t.alpha, t.nbest, d.max_src_len, d.max_tgt_len)
+    return corpus
+
+
+def describe_drops(corpus: EncodedCorpus, config) -> str:
+    d, dropped = config.data, corpus.dropped
+    parts = [f"{dropped.get('empty', 0)} empty"]
+    if "too_long" in dropped:
+        parts.append(f"{dropped['too_long']} over {d.max_src_len}/{d.max_tgt_len} subwords")
+    if d.max_len_ratio:
+        parts.append(f"{dropped.get('ratio', 0)} over length ratio {d.max_len_ratio:g}")
+    if d.dedup:
+        parts.append(f"{dropped.get('duplicate', 0)} duplicates")
+    return "dropped " + ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- batching
 
 
 def token_batches(
@@ -131,6 +320,7 @@ def token_batches(
     n = len(src_lens)
     tie = rng.permutation(n) if rng is not None else np.arange(n)
     order = np.lexsort((tie, tgt_lens, src_lens))
+    del tie
     longest = np.maximum(src_lens, tgt_lens)[order]
     batches: list[np.ndarray] = []
     start, cur_max = 0, 0
@@ -165,8 +355,75 @@ def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Te
     return torch.from_numpy(out)
 
 
-def collate(corpus: EncodedCorpus, index: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
-    """-> src (B, S) ids+EOS, tgt_in (B, T) BOS+ids, tgt_out (B, T) ids+EOS."""
-    src = [corpus.src[i] for i in index]
-    tgt = [corpus.tgt[i] for i in index]
-    return pad_batch(src, [], [EOS]), pad_batch(tgt, [BOS], []), pad_batch(tgt, [], [EOS])
+def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool) -> Tensor:
+    """Sequences given as lengths and concatenated values -> (B, T) with optional BOS/EOS."""
+    lens = lens.astype(np.int64)
+    start = int(bos)
+    out = np.full((len(lens), int(lens.max(initial=0)) + start + int(eos)), PAD, dtype=np.int64)
+    rows = np.repeat(np.arange(len(lens)), lens)
+    cols = np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens) + start
+    out[rows, cols] = values
+    if bos:
+        out[:, 0] = BOS
+    if eos:
+        out[np.arange(len(lens)), lens + start] = EOS
+    return torch.from_numpy(out)
+
+
+def _take(table: pa.Table, column: str, index: np.ndarray) -> pa.Array:
+    """Rows `index` of a column, in that order, taken chunk by chunk: a take on the whole
+    chunked column would first concatenate it, reading every page of the memory map."""
+    col = table.column(column)
+    starts = np.cumsum([0] + [len(c) for c in col.chunks])
+    chunk = np.searchsorted(starts, index, side="right") - 1
+    order = np.argsort(chunk, kind="stable")
+    idx, chunk = index[order], chunk[order]
+    bounds = np.flatnonzero(np.diff(chunk)) + 1
+    parts = [col.chunk(int(c[0])).take(pa.array(i - starts[c[0]])) for c, i in zip(np.split(chunk, bounds), np.split(idx, bounds))]
+    rows = pa.concat_arrays(parts) if parts else pa.array([], type=col.type)
+    return rows.take(pa.array(np.argsort(order)))
+
+
+def _gather(table: pa.Table, column: str, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, concatenated ids) of the rows `index` of a list column."""
+    rows = _take(table, column, index)
+    return rows.value_lengths().to_numpy(zero_copy_only=False), rows.flatten().to_numpy(zero_copy_only=False)
+
+
+def _sample(corpus: EncodedCorpus, index: np.ndarray, key: tuple[int, ...]) -> tuple[list[list[int]], list[list[int]]]:
+    """Sampled segmentations of the rows `index`, a pure function of `key` (seed, epoch,
+    batch): SentencePiece's generator is seeded from it and encodes on one thread. A sample
+    longer than the length limit falls back to the cached segmentation."""
+    import sentencepiece as spm
+
+    s = corpus.sampling
+    assert s is not None
+    table = corpus.table
+    texts = [_take(table, c, index).to_pylist() for c in ("src", "tgt")]
+    fixed = [_take(table, c, index).to_pylist() for c in ("src_ids", "tgt_ids")]
+    out = []
+    for side, (sp, texts_, fixed_, limit) in enumerate(
+        ((s.src_sp, texts[0], fixed[0], s.max_src_len), (s.tgt_sp, texts[1], fixed[1], s.max_tgt_len))
+    ):
+        spm.set_random_generator_seed(int(np.random.SeedSequence([*key, side]).generate_state(1)[0]))
+        sampled = sp.encode(texts_, enable_sampling=True, alpha=s.alpha, nbest_size=s.nbest, num_threads=1)
+        out.append([x if 0 < len(x) <= limit else f for x, f in zip(sampled, fixed_)])
+    return out[0], out[1]
+
+
+def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """-> src (B, S) ids+EOS, tgt_in (B, T) BOS+ids, tgt_out (B, T) ids+EOS.
+
+    With `sample_key` (seed, epoch, batch) and subword sampling on, the batch is re-segmented
+    by sampling, deterministically from the key."""
+    index = np.asarray(index)
+    if sample_key is not None and corpus.sampling is not None:
+        src, tgt = _sample(corpus, index, sample_key)
+        if corpus.release is not None:
+            corpus.release()
+        return pad_batch(src, [], [EOS]), pad_batch(tgt, [BOS], []), pad_batch(tgt, [], [EOS])
+    src_lens, src_vals = _gather(corpus.table, "src_ids", index)
+    tgt_lens, tgt_vals = _gather(corpus.table, "tgt_ids", index)
+    if corpus.release is not None:
+        corpus.release()
+    return _pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False), _pad_flat(tgt_lens, tgt_vals, False, True)

@@ -6,8 +6,10 @@ Ids are fixed for every model: pad 0, unk 1, bos 2, eos 3.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterator
 
 import sentencepiece as spm
 
@@ -24,25 +26,49 @@ def model_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:
     return run_dir / "spm.src.model", run_dir / "spm.tgt.model"
 
 
-def corpus_files(config: Config) -> tuple[Path, Path]:
-    """The training source and target files named by the config, checked to exist."""
-    d = config.data
-    files = Path(f"{d.train}.{d.src_lang}"), Path(f"{d.train}.{d.tgt_lang}")
-    for f in files:
-        if not f.is_file():
-            raise UserError(f"{f}: training file not found (data.train={d.train!r}, languages {d.src_lang}/{d.tgt_lang})")
-    return files
+def _check_ids(sp: spm.SentencePieceProcessor, path: Path) -> None:
+    ids = {"pad": (sp.pad_id(), PAD), "unk": (sp.unk_id(), UNK), "bos": (sp.bos_id(), BOS), "eos": (sp.eos_id(), EOS)}
+    wrong = [f"{name}={got} (expected {want})" for name, (got, want) in ids.items() if got != want]
+    if wrong:
+        raise UserError(
+            f"{path}: SentencePiece model has {', '.join(wrong)}; train it with "
+            "--pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3"
+        )
 
 
-def _train_one(inputs: list[Path], prefix: Path, config: Config) -> None:
+def _copy_model(given: Path, dest: Path, key: str) -> None:
+    """Check a user-supplied SentencePiece model and copy it into the run directory."""
+    if not given.is_file():
+        raise UserError(f"{given}: SentencePiece model not found (tokenizer.{key})")
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(given))
+    except (RuntimeError, OSError) as exc:
+        raise UserError(f"{given}: not a SentencePiece model (tokenizer.{key}): {str(exc).strip().splitlines()[-1:]}") from None
+    _check_ids(sp, given)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(given, tmp)
+    os.replace(tmp, dest)
+
+
+def _sentences(dataset, columns: tuple[str, ...]) -> Iterator[str]:
+    for column in columns:
+        for batch in dataset.select_columns([column]).iter(batch_size=10_000):
+            yield from (s for s in batch[column] if s)
+
+
+def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, config: Config) -> None:
+    """Train on plain text files, or on the sentences an iterator factory yields."""
     t = config.tokenizer
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else config.data.train
+    feed = {"input": [str(p) for p in inputs]} if isinstance(inputs, list) else {"sentence_iterator": inputs()}
     # Train into a temporary prefix and rename, so an interrupted run never leaves half a model.
     with tempfile.TemporaryDirectory(dir=prefix.parent) as tmp:
         tmp_prefix = Path(tmp) / prefix.name
         try:
             spm.SentencePieceTrainer.train(
-                input=[str(p) for p in inputs],
+                **feed,
                 model_prefix=str(tmp_prefix),
                 vocab_size=t.vocab_size,
                 model_type=t.model_type,
@@ -59,23 +85,42 @@ def _train_one(inputs: list[Path], prefix: Path, config: Config) -> None:
         except RuntimeError as exc:
             msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
             raise UserError(
-                f"{', '.join(map(str, inputs))}: SentencePiece could not train "
-                f"(tokenizer.vocab_size={t.vocab_size}): {msg}"
+                f"{source}: SentencePiece could not train (tokenizer.vocab_size={t.vocab_size}): {msg}"
             ) from None
         for suffix in (".model", ".vocab"):
             os.replace(f"{tmp_prefix}{suffix}", f"{prefix}{suffix}")
 
 
 def train_tokenizer(config: Config) -> list[Path]:
-    """Train the SentencePiece model(s) on the training split; return the written model paths."""
-    src_file, tgt_file = corpus_files(config)
+    """Train the SentencePiece model(s) on the training split (or copy the ones
+    tokenizer.src_model/tgt_model name) into the run directory; return the model paths."""
+    from seq2seq_cli.formats import read_parallel, split_source
+
+    d, t = config.data, config.tokenizer
     run_dir = config.run_path
-    src_model, tgt_model = model_paths(run_dir, config.tokenizer.joint)
-    if config.tokenizer.joint:
-        _train_one([src_file, tgt_file], src_model.with_suffix(""), config)
+    src_model, tgt_model = model_paths(run_dir, t.joint)
+    if t.src_model is not None:
+        _copy_model(Path(t.src_model), src_model, "src_model")
+        if not t.joint:
+            _copy_model(Path(t.tgt_model or ""), tgt_model, "tgt_model")
+        return [src_model] if t.joint else [src_model, tgt_model]
+    source = split_source(d.train, d.src_lang, d.tgt_lang, d.format)
+    # Every line is checked (UTF-8, alignment, columns, fields) before anything is trained.
+    dataset = read_parallel(d.train, d.src_lang, d.tgt_lang, run_dir / "cache", format=d.format,
+                            src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
+    plain = source.format == "text" and not any(f.suffix == ".gz" for f in source.files)
+    src_file, tgt_file = source.files if plain else (None, None)
+
+    def feed(*columns: str) -> list[Path] | Callable[[], Iterator[str]]:
+        if plain:
+            return [{"src": src_file, "tgt": tgt_file}[c] for c in columns]
+        return lambda: _sentences(dataset, columns)
+
+    if t.joint:
+        _train_one(feed("src", "tgt"), src_model.with_suffix(""), config)
         return [src_model]
-    _train_one([src_file], src_model.with_suffix(""), config)
-    _train_one([tgt_file], tgt_model.with_suffix(""), config)
+    _train_one(feed("src"), src_model.with_suffix(""), config)
+    _train_one(feed("tgt"), tgt_model.with_suffix(""), config)
     return [src_model, tgt_model]
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.config import Config, TrainConfig, save_config
-from seq2seq_cli.data import EncodedCorpus, collate, encode_corpus, epoch_batches, read_parallel, token_batches
+from seq2seq_cli.data import EncodedCorpus, collate, describe_drops, encoded_split, epoch_batches, read_parallel, token_batches
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
@@ -79,7 +79,8 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[
 
 def read_split(config: Config, prefix: str):
     d = config.data
-    return read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache")
+    return read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
+                         src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
 
 
 def accumulate_gradients(
@@ -180,23 +181,22 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
     torch.manual_seed(t.seed)
     random.seed(t.seed)
 
-    # Data (checked before anything is trained), tokenizer, encoding
+    # Data (checked line by line before anything is trained), tokenizer, encoding (cached as
+    # Arrow in RUN/cache, memory-mapped)
     d = config.data
-    train_raw = read_split(config, d.train)
     valid_raw = read_split(config, d.valid) if d.valid else None
     if not all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint)):
         log(f"no tokenizer in {run_dir}; training SentencePiece first")
         train_tokenizer(config)
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
-    train_data = encode_corpus(train_raw, src_sp, tgt_sp, d.max_src_len, d.max_tgt_len)
-    log(
-        f"train: {len(train_data)} pairs from {d.train}.{{{d.src_lang},{d.tgt_lang}}}; "
-        f"dropped {train_data.dropped['too_long']} over {d.max_src_len}/{d.max_tgt_len} subwords, "
-        f"{train_data.dropped['empty']} empty"
-    )
+    train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log)
+    log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
     if not len(train_data):
-        raise UserError(f"{d.train}.{d.src_lang}: no training pairs left after filtering")
-    valid_data = encode_corpus(valid_raw, src_sp, tgt_sp) if valid_raw is not None else None
+        raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
+    valid_data = encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log) if d.valid else None
+    data_record = {"step": 0, "train_pairs": len(train_data), **{f"train_dropped_{k}": v for k, v in train_data.dropped.items()}}
+    if valid_data is not None:
+        data_record.update({"valid_pairs": len(valid_data), "valid_dropped_empty": valid_data.dropped["empty"]})
 
     # Model and optimiser
     model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), config.tokenizer.joint).to(device)
@@ -229,6 +229,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         log(f"resumed from {weights} at step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
     save_config(config, run_dir / "config.yaml")
     metrics = MetricsLog(run_dir, step if resume else None, t.tensorboard)
+    if not resume:
+        metrics.write(data_record)
 
     def save(improved: bool) -> None:
         state = {
@@ -289,8 +291,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                 batches = epoch_batches(train_data, t.max_tokens, t.seed, epoch)
                 while batch_in_epoch < len(batches) and not out_of_budget():
                     micro = [
-                        tuple(x.to(device, non_blocking=True) for x in collate(train_data, b))
-                        for b in batches[batch_in_epoch : batch_in_epoch + t.update_freq]
+                        tuple(x.to(device, non_blocking=True) for x in collate(train_data, b, (t.seed, epoch, batch_in_epoch + k)))
+                        for k, b in enumerate(batches[batch_in_epoch : batch_in_epoch + t.update_freq])
                     ]
                     batch_in_epoch += len(micro)
                     lr = learning_rate(step + 1, t)

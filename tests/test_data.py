@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from seq2seq_cli.data import collate, EncodedCorpus, epoch_batches, read_parallel, token_batches
+from seq2seq_cli.data import collate, EncodedCorpus, epoch_batches, pad_batch, read_parallel, token_batches
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.tokenizer import BOS, EOS, PAD
 
@@ -56,7 +56,7 @@ def test_oversized_pair_gets_a_batch_of_its_own():
 
 
 def test_epoch_batches_depend_only_on_seed_and_epoch():
-    corpus = EncodedCorpus([[5] * (i % 17 + 1) for i in range(300)], [[6] * (i % 13 + 1) for i in range(300)])
+    corpus = EncodedCorpus.from_lists([[5] * (i % 17 + 1) for i in range(300)], [[6] * (i % 13 + 1) for i in range(300)])
     a, b = epoch_batches(corpus, 64, 1, 0), epoch_batches(corpus, 64, 1, 0)
     assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
     c = epoch_batches(corpus, 64, 1, 1)
@@ -64,8 +64,22 @@ def test_epoch_batches_depend_only_on_seed_and_epoch():
 
 
 def test_collate_literal():
-    corpus = EncodedCorpus([[7, 8], [9]], [[10], [11, 12, 13]])
+    corpus = EncodedCorpus.from_lists([[7, 8], [9]], [[10], [11, 12, 13]])
     src, tgt_in, tgt_out = collate(corpus, np.array([0, 1]))
     assert src.tolist() == [[7, 8, EOS], [9, EOS, PAD]]
     assert tgt_in.tolist() == [[BOS, 10, PAD, PAD], [BOS, 11, 12, 13]]
     assert tgt_out.tolist() == [[10, EOS, PAD, PAD], [11, 12, 13, EOS]]
+
+
+def test_collate_gathers_rows_across_arrow_chunks_in_order():
+    import pyarrow as pa
+
+    src = [[5 + i % 7] * (1 + i % 4) for i in range(40)]
+    tgt = [[9] * (1 + i % 5) for i in range(40)]
+    whole = EncodedCorpus.from_lists(src, tgt)
+    chunked = EncodedCorpus(pa.Table.from_batches(whole.table.to_batches(max_chunksize=6)), whole.src_lens, whole.tgt_lens)
+    assert chunked.table.column("src_ids").num_chunks == 7
+    index = np.random.default_rng(0).permutation(40)[:17]
+    expected = [pad_batch([src[i] for i in index], [], [EOS]), pad_batch([tgt[i] for i in index], [BOS], [])]
+    got = collate(chunked, index)
+    assert got[0].tolist() == expected[0].tolist() and got[1].tolist() == expected[1].tolist()

@@ -1,0 +1,196 @@
+"""Parallel corpora on disk: the formats, read through HF `datasets` (local files only) and
+checked line by line.
+
+A split is two aligned text files (PREFIX.SRC_LANG and PREFIX.TGT_LANG, one sentence per
+line), one TSV file (source<TAB>target per line, no quoting) or one JSONL file (one object per
+line with a source and a target field, at the top level or under "translation"); any of them
+may be gzip-compressed. Problems are UserErrors naming the file, the line and what was
+expected: a missing file, invalid UTF-8 (with the byte offset), differing line counts, a TSV
+row without two columns, a JSONL line that is not an object or lacks a field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pyarrow.compute as pc
+
+from seq2seq_cli.errors import UserError
+
+READ_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one split's pairs come from: `files` is (source, target) for text, (file,) otherwise."""
+
+    format: str
+    files: tuple[Path, ...]
+
+    def describe(self) -> str:
+        return " + ".join(map(str, self.files))
+
+
+def infer_format(value: str, format: str = "auto") -> str:
+    if format != "auto":
+        return format
+    name = value.lower().removesuffix(".gz")
+    if name.endswith((".tsv", ".tab")):
+        return "tsv"
+    if name.endswith((".jsonl", ".json")):
+        return "jsonl"
+    return "text"
+
+
+def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto") -> Source:
+    """The files of a split (a prefix for text files, a file path otherwise), checked to exist."""
+    fmt = infer_format(value, format)
+    if fmt != "text":
+        path = Path(value)
+        if not path.is_file():
+            raise UserError(f"{path}: file not found (expected a {fmt} file of source and target pairs)")
+        return Source(fmt, (path,))
+    files = []
+    for lang in (src_lang, tgt_lang):
+        path = Path(f"{value}.{lang}")
+        if not path.is_file() and Path(f"{path}.gz").is_file():
+            path = Path(f"{path}.gz")
+        if not path.is_file():
+            raise UserError(f"{path}: file not found (expected {value}.{src_lang} and {value}.{tgt_lang}, optionally .gz)")
+        files.append(path)
+    return Source("text", tuple(files))
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _first_bad_utf8(path: Path) -> tuple[int, int, str]:
+    """(line number, byte offset in the line, reason) of the first invalid UTF-8 in a file."""
+    with _open_bytes(path) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return number, exc.start, exc.reason
+    return 0, 0, "unknown"
+
+
+def quiet_datasets():
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _load_lines(path: Path, cache_dir: Path | None):
+    """One row per line (`text` column), in file order: row i is line i + 1."""
+    datasets = quiet_datasets()
+    try:
+        # 1 MB read chunks (not 10 MB) keep the memory of reading a large file small
+        return datasets.load_dataset(
+            "text", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None,
+            chunksize=1 << 20,
+        )
+    except Exception as exc:  # datasets wraps decoding errors in its own exception types
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, UnicodeDecodeError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            if isinstance(exc, (OSError, EOFError)):  # e.g. a damaged .gz file
+                raise UserError(f"{path}: could not be read ({exc})") from None
+            raise
+        line, offset, reason = _first_bad_utf8(path)
+        raise UserError(f"{path}:{line}: invalid UTF-8 at byte {offset} of the line ({reason})") from None
+
+
+def _parse_tsv(batch: dict[str, list[str]]) -> dict[str, list[str]]:
+    src, tgt, err = [], [], []
+    for line in batch["text"]:
+        parts = line.rstrip("\r").split("\t")
+        if len(parts) == 2:
+            src.append(parts[0])
+            tgt.append(parts[1])
+            err.append("")
+        else:
+            src.append("")
+            tgt.append("")
+            err.append(f"expected 2 tab-separated columns (source, target), found {len(parts)}")
+    return {"src": src, "tgt": tgt, "_err": err}
+
+
+def _parse_jsonl(batch: dict[str, list[str]], src_field: str, tgt_field: str) -> dict[str, list[str]]:
+    src, tgt, err = [], [], []
+    for line in batch["text"]:
+        problem, pair = "", ("", "")
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            problem = f"expected a JSON object, got invalid JSON ({exc})"
+            obj = None
+        if obj is not None and not isinstance(obj, dict):
+            problem = f"expected a JSON object, got {type(obj).__name__}"
+        elif obj is not None:
+            node = obj
+            if src_field not in obj and isinstance(obj.get("translation"), dict):
+                node = obj["translation"]
+            s, t = node.get(src_field), node.get(tgt_field)
+            missing = [name for name, v in ((src_field, s), (tgt_field, t)) if not isinstance(v, str)]
+            if missing:
+                problem = f"expected string field(s) {', '.join(repr(m) for m in missing)} (at the top level or under \"translation\")"
+            else:
+                pair = (s, t)
+        src.append(pair[0])
+        tgt.append(pair[1])
+        err.append(problem)
+    return {"src": src, "tgt": tgt, "_err": err}
+
+
+def _first_error(ds, path: Path) -> None:
+    """Raise the first per-line problem a parse step recorded in the `_err` column."""
+    bad = pc.not_equal(ds.data.column("_err"), "")
+    index = pc.index(bad, True).as_py()
+    if index >= 0:
+        raise UserError(f"{path}:{index + 1}: {ds[index]['_err']}")
+
+
+def read_parallel(
+    value: str, src_lang: str, tgt_lang: str, cache_dir: Path | None = None, *, format: str = "auto",
+    src_field: str | None = None, tgt_field: str | None = None, num_proc: int = 1,
+):
+    """Read a split into a `datasets.Dataset` with columns `src` and `tgt`, one row per line.
+
+    Raises UserError for a missing file, invalid UTF-8 (file, line, byte), differing line
+    counts, a TSV row without exactly two columns, a JSONL line that is not a JSON object or
+    lacks a field.
+    """
+    datasets = quiet_datasets()
+    source = split_source(value, src_lang, tgt_lang, format)
+    proc = num_proc if num_proc > 1 else None
+    if source.format == "text":
+        src_file, tgt_file = source.files
+        src, tgt = (_load_lines(f, cache_dir) for f in source.files)
+        if len(src) != len(tgt):
+            raise UserError(
+                f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; "
+                "source and target files must be aligned line by line"
+            )
+        return datasets.concatenate_datasets([src.rename_column("text", "src"), tgt.rename_column("text", "tgt")], axis=1)
+    (path,) = source.files
+    lines = _load_lines(path, cache_dir)
+    if source.format == "tsv":
+        parsed = lines.map(_parse_tsv, batched=True, batch_size=READ_BATCH, remove_columns=["text"], num_proc=proc)
+    else:
+        fields = {"src_field": src_field or src_lang, "tgt_field": tgt_field or tgt_lang}
+        parsed = lines.map(_parse_jsonl, batched=True, batch_size=READ_BATCH, remove_columns=["text"],
+                           fn_kwargs=fields, num_proc=proc)
+    _first_error(parsed, path)
+    return parsed.remove_columns("_err")
