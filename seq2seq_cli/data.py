@@ -243,6 +243,18 @@ def _empty_error(encoded, source: Source) -> None:
     raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
 
 
+def check_no_empty_lines(raw, value: str, d) -> None:
+    """data.on_empty: error -> raise for the first pair whose source or target text is blank,
+    naming its file and line (checked on the text, before a tokenizer is trained)."""
+    source = split_source(value, d.src_lang, d.tgt_lang, d.format)
+    for side, column in (("source", "src"), ("target", "tgt")):
+        blank = pc.equal(pc.utf8_trim_whitespace(raw.data.column(column)), "")
+        index = pc.index(blank, True).as_py()
+        if index >= 0:
+            path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
+            raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
+
+
 def encoded_split(
     config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None
 ) -> EncodedCorpus:

@@ -23,8 +23,9 @@ from tqdm import tqdm
 
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.config import Config, TrainConfig, save_config
-from seq2seq_cli.data import EncodedCorpus, collate, describe_drops, encoded_split, epoch_batches, read_parallel, token_batches
+from seq2seq_cli.data import EncodedCorpus, check_no_empty_lines, collate, describe_drops, encoded_split, epoch_batches, read_parallel, token_batches
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.formats import split_source
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 from seq2seq_cli.tokenizer import PAD, load_tokenizers, model_paths, train_tokenizer
@@ -184,7 +185,12 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
     # Data (checked line by line before anything is trained), tokenizer, encoding (cached as
     # Arrow in RUN/cache, memory-mapped)
     d = config.data
+    for split in (d.train, d.valid):  # a missing file is reported before anything else happens
+        if split:
+            split_source(split, d.src_lang, d.tgt_lang, d.format)
     valid_raw = read_split(config, d.valid) if d.valid else None
+    if d.on_empty == "error":
+        check_no_empty_lines(read_split(config, d.train), d.train, d)
     if not all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint)):
         log(f"no tokenizer in {run_dir}; training SentencePiece first")
         train_tokenizer(config)

@@ -69,6 +69,16 @@ def corpus_with(ws: Path, name: str, src: bytes, tgt: bytes) -> Path:
     return config_with(ws, name, edit)
 
 
+def pairs_file(ws: Path, name: str, lines: list[str], **data: object) -> Path:
+    """A config whose training split is one TSV or JSONL file with these lines."""
+    (ws / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def edit(raw: dict) -> None:
+        raw["data"].update(train=str(ws / name), valid=str(ws / name), **data)
+
+    return config_with(ws, name.replace(".", "-"), edit)
+
+
 def damaged_run(ws: Path) -> Path:
     run = ws / "damaged-run"
     if not run.exists():
@@ -106,13 +116,25 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     # data
     "data-missing-file": (
         lambda ws: ["train", "-c", config_with(ws, "nofile", lambda r: r["data"].update(train=str(ws / "absent")))],
-        ["absent.es", "not found"], 1),
+        ["absent.es: file not found"], 1),
     "data-line-count": (
         lambda ws: ["train", "-c", corpus_with(ws, "uneven", b"a\nb\nc\n", b"a\nb\n")],
         ["uneven.es has 3 lines but", "uneven.en has 2"], 1),
     "data-invalid-utf8": (
         lambda ws: ["train", "-c", corpus_with(ws, "latin1", b"uno\nni\xf1o\n", b"one\nchild\n")],
         ["latin1.es:2: invalid UTF-8 at byte 2"], 1),
+    "data-empty-line": (
+        lambda ws: ["train", "-c", corpus_with(ws, "blank", b"uno\ndos\n", b"one\n\n"), "--set", "data.on_empty=error"],
+        ["blank.en:2: empty target sentence"], 1),
+    "data-tsv-columns": (
+        lambda ws: ["train", "-c", pairs_file(ws, "pairs.tsv", ["uno\tone", "dos\ttwo\textra"])],
+        ["pairs.tsv:2: expected 2 tab-separated columns (source, target), found 3"], 1),
+    "data-jsonl-invalid": (
+        lambda ws: ["train", "-c", pairs_file(ws, "bad.jsonl", ['{"es": "uno", "en": "one"}', '{"es": "dos", "en": two}'])],
+        ["bad.jsonl:2: expected a JSON object, got invalid JSON"], 1),
+    "data-jsonl-field": (
+        lambda ws: ["train", "-c", pairs_file(ws, "field.jsonl", ['{"es": "uno", "en": "one"}', '{"es": "dos"}'])],
+        ["field.jsonl:2: expected string field(s) 'en'"], 1),
     # model directory
     "model-missing": (lambda ws: ["translate", "-m", ws / "no-run"], ["no-run: model not found"], 1),
     "model-not-a-run": (lambda ws: ["translate", "-m", ws / "corpus"], ["corpus: no checkpoints/best.safetensors"], 1),
