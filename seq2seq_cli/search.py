@@ -26,6 +26,7 @@ from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.model import DecoderState, Seq2SeqTransformer
+from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.tokenizer import BOS, EOS, PAD, UNK
 
 NEG_INF = float("-inf")
@@ -111,6 +112,7 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with `generator`."""
+    model = for_decoding(model)  # linear layers through oneDNN on CPU
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
     B, device = src.size(0), src.device
@@ -168,6 +170,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
     K = opts.beam_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
+    model = for_decoding(model)  # linear layers through oneDNN on CPU
     B, device = src.size(0), src.device
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
