@@ -73,7 +73,9 @@ def step_log_probs(
     min_len, n-gram repeats banned, EOS forced at the limit.
     """
     h, _ = model.decode(last, state, incremental=True)
-    lprobs = torch.log_softmax(model.logits(h[:, -1]).float(), dim=-1)  # (N, V)
+    logits = model.logits(h[:, -1]).float()  # (N, V)
+    # In place on CPU: a fresh (N, V) tensor each step costs more in page faults than the op.
+    lprobs = torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
     eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
     lprobs[:, PAD] = NEG_INF
     lprobs[:, BOS] = NEG_INF
@@ -187,7 +189,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
         row_limits = limits[active].repeat_interleave(k)  # (b*k,)
         lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)  # (b*k, V)
         V = lprobs.size(-1)
-        cand = (scores[:, :, None] + lprobs.view(b, k, V)).view(b, k * V)  # (b, k*V)
+        cand = lprobs.view(b, k, V).add_(scores[:, :, None]).view(b, k * V)  # (b, k*V), in place
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == EOS
