@@ -135,10 +135,12 @@ class EncoderLayer(nn.Module):
 class LayerCache:
     """Keys/values one decoder layer keeps while decoding incrementally.
 
-    Without `stores` the self-attention cache grows by concatenation. With `stores` (two flat
-    buffers allocated once by `DecoderState.preallocate`) each step writes the reordered
-    cache and the new position into the spare buffer in one copy and swaps the two, so
-    self_k/self_v stay contiguous (B, H, L, Dk) views for attention and nothing is allocated.
+    Without `stores` the self-attention cache grows by concatenation. With `stores` (flat
+    buffers allocated once by `DecoderState.preallocate`) each step writes the reordered cache
+    and the new position into the `spare` buffers in one copy, and the buffers that held the
+    old cache become the spare ones; every layer of a state shares one spare pair, so a
+    decoder of N layers holds N + 1 pairs. self_k/self_v stay contiguous (B, H, L, Dk) views
+    for attention, and nothing is allocated per step.
     Reordering is deferred: `order` holds the rows the cache must follow before the next
     position is appended, composed over several reorder/select calls.
     """
@@ -148,8 +150,8 @@ class LayerCache:
     self_k: Tensor | None = None  # (B, H, L, Dk), one more position per step
     self_v: Tensor | None = None  # (B, H, L, Dv)
     order: Tensor | None = None  # (B',) rows of self_k/self_v the next step continues from
-    stores: list[list[Tensor]] | None = None  # two [keys, values] pairs of flat buffers
-    spare: int = 0  # which of `stores` the next step writes into
+    stores: list[Tensor] | None = None  # [keys, values] flat buffers holding self_k/self_v
+    spare: list[Tensor] | None = None  # [keys, values] flat buffers the next step writes into, shared by all layers
 
     def follow(self, index: Tensor) -> None:
         """Rows of the self-attention cache will follow `index` (applied at the next append)."""
@@ -169,23 +171,26 @@ class LayerCache:
         else:
             L = 0 if old_k is None else old_k.size(2)
             k, v = self._write(old_k, k, order, L, 0), self._write(old_v, v, order, L, 1)
-            self.spare = 1 - self.spare
         self.self_k, self.self_v = k, v
         return k, v
 
     def _write(self, old: Tensor | None, new: Tensor, order: Tensor | None, L: int, which: int) -> Tensor:
-        """Reordered `old` (B0, H, L, d) then `new` (B, H, T, d) into the spare buffer -> (B, H, L+T, d)."""
+        """Reordered `old` (B0, H, L, d) then `new` (B, H, T, d) into the spare buffer -> (B, H, L+T, d);
+        the buffer that held `old` becomes the spare one."""
         B, H, T, d = new.shape
-        stores = self.stores[self.spare]  # type: ignore[index]
-        if stores[which].numel() < B * H * (L + T) * d:  # more than preallocated: grow this buffer
-            stores[which] = stores[which].new_empty(2 * B * H * (L + T) * d)
-        out = stores[which][: B * H * (L + T) * d].view(B, H, L + T, d)  # (B, H, L+T, d) contiguous
+        size = B * H * (L + T) * d
+        spare, stores = self.spare, self.stores  # type: ignore[assignment]
+        if spare[which].numel() < size:  # more than preallocated: grow this buffer
+            spare[which] = spare[which].new_empty(2 * size)
+        buffer = spare[which]
+        out = buffer[:size].view(B, H, L + T, d)  # (B, H, L+T, d) contiguous
         if old is not None:
             if order is None:
                 out[:, :, :L] = old
             else:
                 torch.index_select(old, 0, order, out=out[:, :, :L])
         out[:, :, L:] = new
+        spare[which], stores[which] = stores[which], buffer
         return out
 
 
@@ -207,11 +212,13 @@ class DecoderState:
         """Allocate each layer's self-attention cache once for up to `rows` decoder rows and
         `positions` target positions (buffers grow if a longer output is ever asked for)."""
         like = self.src_mask.new_empty(0, dtype=self.layers[0].cross_k.dtype)
+
+        def pair() -> list[Tensor]:
+            return [like.new_empty(rows * heads * positions * k_size), like.new_empty(rows * heads * positions * v_size)]
+
+        spare = pair()
         for c in self.layers:
-            c.stores = [
-                [like.new_empty(rows * heads * positions * k_size), like.new_empty(rows * heads * positions * v_size)]
-                for _ in range(2)
-            ]
+            c.stores, c.spare = pair(), spare
 
     def reorder(self, index: Tensor) -> None:
         """Rows of the self-attention cache follow `index` (beam reordering within a sentence,

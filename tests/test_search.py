@@ -239,14 +239,15 @@ def test_preallocated_cache_equals_grown_cache(positions):
         assert torch.equal(c.self_k, d.self_k) and torch.equal(c.self_v, d.self_v)
 
 
-def test_preallocated_cache_is_written_in_place_of_two_buffers():
+def test_preallocated_cache_lives_in_the_preallocated_buffers():
     model = _sharpened(5)
     src = _sources(n=4, seed=5)
     memory, src_mask, _ = model.encode(src)
     state = model.init_state(memory, src_mask)
     cfg = model.cfg
     state.preallocate(src.size(0), 8, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
-    buffers = {t.data_ptr() for c in state.layers for pair in c.stores for t in pair}
+    buffers = {t.data_ptr() for c in state.layers for t in [*c.stores, *c.spare]}
+    assert len(buffers) == 2 * (len(state.layers) + 1)  # one spare pair shared by every layer
     with torch.no_grad():
         _random_walk(model, state, src, 8, seed=2)
     for c in state.layers:
