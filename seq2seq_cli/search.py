@@ -4,12 +4,15 @@ The only place search lives.
 Shape legend
     B   sentences still being decoded      K   beam size        V   vocabulary size
     S   source length                      N   rows in the decoder batch (B, B*K or B*samples)
-    t   output tokens produced so far
+    t   output tokens produced so far      k   rows per sentence this step (beam: 1 at the first step, then K)
 
 Every search decodes a whole batch at once; sentences that are finished leave the batch
 (the cache is compacted), so late steps only pay for sentences still going. A sentence's
 output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
 which EOS is forced; with min_len, EOS is banned before that many tokens.
+
+On CPU the searches decode with a copy of the model whose linear layers run through oneDNN
+(`seq2seq_cli/onednn.py`); the decoder's self-attention cache is allocated once per search.
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
 `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
