@@ -4,12 +4,15 @@ The only place search lives.
 Shape legend
     B   sentences still being decoded      K   beam size        V   vocabulary size
     S   source length                      N   rows in the decoder batch (B, B*K or B*samples)
-    t   output tokens produced so far
+    t   output tokens produced so far      k   rows per sentence this step (beam: 1 at the first step, then K)
 
 Every search decodes a whole batch at once; sentences that are finished leave the batch
 (the cache is compacted), so late steps only pay for sentences still going. A sentence's
 output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
 which EOS is forced; with min_len, EOS is banned before that many tokens.
+
+On CPU the searches decode with a copy of the model whose linear layers run through oneDNN
+(`seq2seq_cli/onednn.py`); the decoder's self-attention cache is allocated once per search.
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
 `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
@@ -26,6 +29,7 @@ from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.model import DecoderState, Seq2SeqTransformer
+from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.tokenizer import BOS, EOS, PAD, UNK
 
 NEG_INF = float("-inf")
@@ -72,7 +76,9 @@ def step_log_probs(
     min_len, n-gram repeats banned, EOS forced at the limit.
     """
     h, _ = model.decode(last, state, incremental=True)
-    lprobs = torch.log_softmax(model.logits(h[:, -1]).float(), dim=-1)  # (N, V)
+    logits = model.logits(h[:, -1]).float()  # (N, V)
+    # In place on CPU: a fresh (N, V) tensor each step costs more in page faults than the op.
+    lprobs = torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
     eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
     lprobs[:, PAD] = NEG_INF
     lprobs[:, BOS] = NEG_INF
@@ -105,16 +111,17 @@ def _filter_for_sampling(lprobs: Tensor, opts: DecodeConfig) -> Tensor:
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_search(
     model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, generator: torch.Generator | None = None
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with `generator`."""
+    model = for_decoding(model)  # linear layers through oneDNN on CPU
     memory, src_mask, _ = model.encode(src)
-    state = model.init_state(memory, src_mask)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
     B, device = src.size(0), src.device
+    state = _decoder_state(model, memory, src_mask, B, limits)
     active = torch.arange(B, device=device)  # original row of each decoder row
     last = torch.full((B, 1), BOS, dtype=torch.long, device=device)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
@@ -144,57 +151,72 @@ def greedy_search(
     return results  # type: ignore[return-value]
 
 
-@torch.no_grad()
+def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, rows: int, limits: Tensor) -> DecoderState:
+    """The decoder state for a search over `rows` decoder rows at most, its self-attention
+    cache allocated once for the longest output allowed (`limits`: (B,)) plus EOS."""
+    state = model.init_state(memory, src_mask)
+    cfg = model.cfg
+    positions = int(limits.max()) + 1 if limits.numel() else 1
+    state.preallocate(rows, positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
+    return state
+
+
+@torch.inference_mode()
 def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
     """src: (B, S) -> for each sentence its `nbest` hypotheses, best first.
 
-    Each step scores all K*V continuations of every sentence, keeps the top 2K so that beams
-    ending in EOS do not starve the others, moves EOS candidates ranked within the top K to
-    the finished list, and continues with the best K others. A sentence stops once it has
-    K finished hypotheses.
+    Each step scores all k*V continuations of every sentence in one tensor program, keeps
+    the top 2K so that beams ending in EOS do not starve the others, moves EOS candidates
+    ranked within the top K to the finished list, and continues with the best K others. A
+    sentence stops once it has K finished hypotheses. All K beams of a sentence start
+    identical, so the first step decodes one row per sentence (k = 1) and its K best
+    continuations become the beams (k = K from then on).
     """
     K = opts.beam_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
+    model = for_decoding(model)  # linear layers through oneDNN on CPU
     B, device = src.size(0), src.device
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
-    state = model.init_state(memory, src_mask, group=K)  # beams share their sentence's cross keys
+    state = _decoder_state(model, memory, src_mask, B * K, limits)
     active = torch.arange(B, device=device)  # original sentence of each beam group
-    scores = torch.full((B, K), NEG_INF, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    history = torch.zeros((B * K, 0), dtype=torch.long, device=device)  # (b*K, t)
+    scores = torch.zeros((B, 1), device=device)  # (b, k) running log-probabilities
+    history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
+    n_finished = torch.zeros(B, dtype=torch.long, device=device)  # (B,)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    last = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
+    last = torch.full((B, 1), BOS, dtype=torch.long, device=device)  # (b*k, 1)
     step = 0
     while active.numel():
-        b = active.numel()
-        row_limits = limits[active].repeat_interleave(K)  # (b*K,)
-        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)
+        b, k = scores.shape
+        row_limits = limits[active].repeat_interleave(k)  # (b*k,)
+        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)  # (b*k, V)
         V = lprobs.size(-1)
-        cand = (scores[:, :, None] + lprobs.view(b, K, V)).view(b, K * V)  # (b, K*V)
-        top_scores, top_idx = cand.topk(2 * K, dim=1)  # (b, 2K)
+        cand = lprobs.view(b, k, V).add_(scores[:, :, None]).view(b, k * V)  # (b, k*V), in place
+        top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == EOS
         ended = is_eos[:, :K] & top_scores[:, :K].isfinite()  # (b, K)
         if ended.any():
             lp = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
-            hist = history.view(b, K, -1)
-            for i, j in ended.nonzero().tolist():
-                raw = top_scores[i, j].item()
-                finished[int(active[i])].append(Hypothesis(hist[i, top_beam[i, j]].tolist(), raw / lp, raw))
+            i, j = ended.nonzero().unbind(1)  # (E,) sentence in the batch, rank among candidates
+            sentences = active[i]
+            n_finished.index_add_(0, sentences, torch.ones_like(sentences))
+            ended_rows = i * k + top_beam[i, j]  # (E,) the row each ended hypothesis extends
+            for s, raw, toks in zip(sentences.tolist(), top_scores[i, j].tolist(), history[ended_rows].tolist()):
+                finished[s].append(Hypothesis(toks, raw / lp, raw))
         # The K best candidates that do not end here continue.
         cont_scores, pos = top_scores.masked_fill(is_eos, NEG_INF).topk(K, dim=1)  # (b, K)
         cont_beam, cont_tok = top_beam.gather(1, pos), top_tok.gather(1, pos)
-        rows = (torch.arange(b, device=device)[:, None] * K + cont_beam).view(-1)  # (b*K,)
-        history = torch.cat([history.index_select(0, rows), cont_tok.view(-1, 1)], dim=1)
-        state.reorder(rows)
+        rows = (torch.arange(b, device=device)[:, None] * k + cont_beam).view(-1)  # (b*K,)
+        history = torch.cat([history.index_select(0, rows), cont_tok.view(-1, 1)], dim=1)  # (b*K, t+1)
+        state.reorder(rows)  # the first step's rows become K beams each
+        state.group = K  # beams share their sentence's cross-attention keys/values
         scores, last = cont_scores, cont_tok.view(-1, 1)
-        counts = torch.tensor([len(finished[s]) for s in active.tolist()], device=device)
-        done = (counts >= K) | (step >= limits[active]) | ~cont_scores[:, 0].isfinite()
+        done = (n_finished[active] >= K) | (step >= limits[active]) | ~cont_scores[:, 0].isfinite()  # (b,)
         if done.any():
             keep = (~done).nonzero().squeeze(1)  # (b',)
-            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
+            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)  # (b'*K,)
             state.select(keep_rows)
             history, last = history.index_select(0, keep_rows), last.index_select(0, keep_rows)
             scores, active = scores.index_select(0, keep), active.index_select(0, keep)
@@ -202,7 +224,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
     return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def sample(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
     """`nbest` independent samples per sentence, reproducible from `opts.seed`; best first."""
     generator = torch.Generator(device=src.device).manual_seed(opts.seed)

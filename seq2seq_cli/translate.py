@@ -27,6 +27,7 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data import pad_batch, token_batches
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import Seq2SeqTransformer
+from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
 from seq2seq_cli.tokenizer import BOS, EOS, UNK, load_tokenizers
 
@@ -74,7 +75,7 @@ class Translator:
             decode = DecodeConfig(**settings)
         except ValueError as exc:
             raise UserError(f"decoding options: {str(exc).splitlines()[-1].strip()}") from None
-        return cls(model, src_sp, tgt_sp, decode, dev)
+        return cls(for_decoding(model), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
     def encode(self, lines: list[str]) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow."""
