@@ -16,7 +16,7 @@ from seq2seq_cli.config import TrainConfig, load_config
 from seq2seq_cli.data import collate, encode_corpus, epoch_batches, read_parallel
 from seq2seq_cli.model import build_model
 from seq2seq_cli.tokenizer import PAD, load_tokenizers
-from seq2seq_cli.train import label_smoothed_nll, learning_rate
+from seq2seq_cli.train import label_smoothed_nll, learning_rate, make_optimizer
 from test_checkpoint import make_config, quiet, train_records
 
 runner = CliRunner()
@@ -46,17 +46,27 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     b1, b2 = epoch_batches(data, config.train.max_tokens, config.train.seed, 0)[:2]
     torch.manual_seed(config.train.seed)
     model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), True)
-    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate(1, config.train), betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0)
+    opt = make_optimizer(model, config.train, torch.device("cpu"))  # the optimizer training uses
+    for group in opt.param_groups:
+        group["lr"] = learning_rate(1, config.train)
     src, tgt_in, tgt_out = collate(data, np.concatenate([b1, b2]))
     loss, _, n = label_smoothed_nll(model(src, tgt_in), tgt_out, config.train.label_smoothing)
     (loss / n).backward()
+    # Adam's first step moves every weight by about +-lr, whatever the size of its gradient; a
+    # gradient that is rounding noise (a key bias, which softmax ignores, or a key weight in a
+    # direction every key shares) then gets a random sign. Only weights whose gradient is
+    # above the noise are compared.
+    signal = {name: p.grad.abs() > 1e-3 * p.grad.abs().max() for name, p in model.named_parameters()
+              if p.grad is not None and not name.endswith("w_k.bias")}
     opt.step()
     trained = load_file(str(run / "checkpoints" / "last.safetensors"))
+    compared = 0
     for name, p in model.state_dict().items():
-        # A key bias adds the same amount to every score of a query: softmax ignores it, its
-        # gradient is rounding noise, and Adam's first step turns noise into +-lr.
-        if name in trained and not name.endswith("w_k.bias"):
-            assert torch.allclose(p, trained[name], atol=1e-6), name
+        if name in trained and name in signal:
+            keep = signal[name]
+            assert torch.allclose(p[keep], trained[name][keep], atol=1e-6), name
+            compared += int(keep.sum())
+    assert compared > 0.9 * sum(p.numel() for p in model.parameters())
 
 
 def test_validation_bleu_best_by_bleu_early_stopping_and_plots(tmp_path):
