@@ -1,11 +1,14 @@
 """Training throughput: ours vs HF Transformers MarianMTModel vs torch.nn.Transformer, one run.
 
-Random init, the same shapes, fixed-length batches of random tokens, AdamW, the same
-label-smoothed cross-entropy, gradient clipping; tokens/s counts source + target tokens.
+Random init, the same shapes, fixed-length batches of random tokens; for every system the
+same update: our label-smoothed cross-entropy, gradient clipping and AdamW as our trainer
+builds it (`make_optimizer`: the fused kernel, also HF Trainer's default optimizer);
+tokens/s counts source + target tokens.
 The systems are timed interleaved (one update of each per round, the median per-update time
 per system), so a change in the machine's load hits every system alike.
 
     python bench/train_speed.py                     # CPU shape of the training issue
+    python bench/train_speed.py --adamw plain       # torch's per-parameter AdamW instead
     python bench/train_speed.py --profile ours      # where one system's time goes
 """
 
@@ -23,7 +26,8 @@ import torch.nn.functional as F
 
 from shapes import add_shape_arguments, hf_marian, our_model
 
-from seq2seq_cli.train import label_smoothed_nll
+from seq2seq_cli.config import TrainConfig
+from seq2seq_cli.train import label_smoothed_nll, make_optimizer
 
 
 class TorchTransformer(torch.nn.Module):
@@ -62,6 +66,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (one update of every system each)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--systems", nargs="+", default=["ours", "hf", "nn"])
+    ap.add_argument("--adamw", choices=["fused", "plain"], default="fused",
+                    help="plain: torch's per-parameter AdamW for every system (what the trainer used before)")
     ap.add_argument("--profile", metavar="SYSTEM", help="print a torch.profiler table of SYSTEM's updates instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -72,7 +78,10 @@ def main() -> None:
     tokens = args.batch * args.len * 2
 
     def trainer(model: torch.nn.Module, logits_fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+        if args.adamw == "fused":
+            opt = make_optimizer(model, TrainConfig(max_steps=1, lr=1e-4, betas=(0.9, 0.98)), torch.device("cpu"))
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), foreach=False)
         model.train()
 
         def step() -> None:

@@ -3,6 +3,8 @@ stopping, TensorBoard and curves, checkpoint averaging."""
 
 import json
 import math
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -102,3 +104,21 @@ def test_average_last_checkpoints(tmp_path):
     r = runner.invoke(app, ["average", "--model", str(run), "--last", "4"])
     assert r.exit_code != 0
     assert r.stderr.strip() == f"error: {run / 'checkpoints'}: 3 intact step checkpoints, --last 4 asked; keep more with train.keep_last"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) and none is on PATH")
+def test_compiled_training_matches_eager_saves_plain_names_and_resumes(tmp_path):
+    """train.compile: the same losses as eager (within float tolerance), checkpoint names
+    without the compiler's `_orig_mod.` prefix, and a compiled run resumes from its save."""
+    eager = quiet(make_config(tmp_path, "eager", max_steps=4, valid_every=2, log_every=1), False, "model.dropout=0.0")
+    cfg = make_config(tmp_path, "compiled", max_steps=4, valid_every=2, log_every=1)
+    quiet(cfg, False, "model.dropout=0.0", "train.compile=true", "train.max_steps=2")
+    compiled = quiet(cfg, True, "model.dropout=0.0", "train.compile=true")
+    assert load_file(str(compiled / "checkpoints" / "last.safetensors")).keys() == \
+        load_file(str(eager / "checkpoints" / "last.safetensors")).keys()
+    a, b = train_records(eager), train_records(compiled)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        assert y["train_loss"] == pytest.approx(x["train_loss"], rel=1e-3), x["step"]
