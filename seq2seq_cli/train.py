@@ -113,7 +113,8 @@ def accumulate_gradients(
     """
     tokens = sum(float((tgt_out != PAD).sum()) for _, _, tgt_out in micro) * weight
     src_tokens = sum(float((src != PAD).sum()) for src, _, _ in micro) * weight
-    total, all_src = distributed.sum_across(procs, torch.tensor([tokens, src_tokens], dtype=torch.float64)).tolist()
+    counts = torch.tensor([tokens, src_tokens], dtype=torch.float64, device=device if procs.world > 1 else "cpu")
+    total, all_src = distributed.sum_across(procs, counts).tolist()  # (NCCL sums device tensors only)
     loss_sum = torch.zeros((), device=device)
     nll_sum = torch.zeros((), device=device)
     divisor = max(total, 1.0) / procs.world
