@@ -285,7 +285,8 @@ def _train(
     # the same parameters, compiled and/or wrapped for gradient summing across processes.
     net: nn.Module = model
     if procs.world > 1:
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # the only buffers are constant position tables: nothing to re-broadcast every forward
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     if t.compile:
         net = torch.compile(net)
     if procs.main:

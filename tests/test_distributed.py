@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -47,3 +48,15 @@ def test_two_processes_match_one_process_accumulating_their_batches(tmp_path):
     assert two[-1]["epoch"] == 2  # the epoch boundary (and its one-batch update) was crossed
     # rank 0 alone wrote: the same files as the one-process run, nothing per rank
     assert files(ddp) == files(single)
+
+
+def test_batches_are_dealt_round_robin_and_an_idle_process_gets_a_weightless_stand_in():
+    from seq2seq_cli.distributed import Processes
+    from seq2seq_cli.train import my_batches
+
+    update = [np.array([i]) for i in range(3)]  # update_freq 2 on 2 processes, the epoch's last: one short
+    zero, one = Processes(rank=0, world=2), Processes(rank=1, world=2)
+    assert [int(b[0]) for b in my_batches(update, zero)[0]] == [0, 2]
+    assert [int(b[0]) for b in my_batches(update, one)[0]] == [1]
+    assert my_batches(update[:1], zero) == (update[:1], True)
+    assert my_batches(update[:1], one) == (update[:1], False)  # runs batch 0 with weight 0
