@@ -132,6 +132,7 @@ class TrainConfig(Section):
     tensorboard: bool = Field(True, description="write TensorBoard events to RUN/tensorboard")
     plot: bool = Field(True, description="redraw RUN/plots/curves.png at every validation")
     log_every: int = Field(100, ge=1)
+    compile: bool = Field(False, description="train through torch.compile (compiles for a while first; faster steps after)")
 
     @model_validator(mode="after")
     def _some_stop(self) -> TrainConfig:

@@ -3,6 +3,8 @@ stopping, TensorBoard and curves, checkpoint averaging."""
 
 import json
 import math
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -15,8 +17,8 @@ from seq2seq_cli.cli import app
 from seq2seq_cli.config import TrainConfig, load_config
 from seq2seq_cli.data import collate, encode_corpus, epoch_batches, read_parallel
 from seq2seq_cli.model import build_model
-from seq2seq_cli.tokenizer import PAD, load_tokenizers
-from seq2seq_cli.train import label_smoothed_nll, learning_rate
+from seq2seq_cli.tokenizer import load_tokenizers
+from seq2seq_cli.train import label_smoothed_nll, learning_rate, make_optimizer
 from test_checkpoint import make_config, quiet, train_records
 
 runner = CliRunner()
@@ -50,7 +52,9 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     torch.manual_seed(config.train.seed)
     model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), True)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate(1, config.train), betas=(0.9, 0.98), eps=1.0, weight_decay=0.0)
+    opt = make_optimizer(model, config.train, torch.device("cpu"))  # the optimizer training uses
+    for group in opt.param_groups:
+        group["lr"] = learning_rate(1, config.train)
     src, tgt_in, tgt_out = collate(data, np.concatenate([b1, b2]))
     loss, _, n = label_smoothed_nll(model(src, tgt_in), tgt_out, config.train.label_smoothing)
     (loss / n).backward()
@@ -99,3 +103,21 @@ def test_average_last_checkpoints(tmp_path):
     r = runner.invoke(app, ["average", "--model", str(run), "--last", "4"])
     assert r.exit_code != 0
     assert r.stderr.strip() == f"error: {run / 'checkpoints'}: 3 intact step checkpoints, --last 4 asked; keep more with train.keep_last"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) and none is on PATH")
+def test_compiled_training_matches_eager_saves_plain_names_and_resumes(tmp_path):
+    """train.compile: the same losses as eager (within float tolerance), checkpoint names
+    without the compiler's `_orig_mod.` prefix, and a compiled run resumes from its save."""
+    eager = quiet(make_config(tmp_path, "eager", max_steps=4, valid_every=2, log_every=1), False, "model.dropout=0.0")
+    cfg = make_config(tmp_path, "compiled", max_steps=4, valid_every=2, log_every=1)
+    quiet(cfg, False, "model.dropout=0.0", "train.compile=true", "train.max_steps=2")
+    compiled = quiet(cfg, True, "model.dropout=0.0", "train.compile=true")
+    assert load_file(str(compiled / "checkpoints" / "last.safetensors")).keys() == \
+        load_file(str(eager / "checkpoints" / "last.safetensors")).keys()
+    a, b = train_records(eager), train_records(compiled)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        assert y["train_loss"] == pytest.approx(x["train_loss"], rel=1e-3), x["step"]
