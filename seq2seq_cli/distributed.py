@@ -62,7 +62,7 @@ def pick_device(name: str, local_rank: int) -> torch.device:
 def start(device_name: str) -> tuple[Processes, torch.device]:
     """Join the process group torchrun describes (if any) -> (this process, its device)."""
     world = _env_int("WORLD_SIZE", 1)
-    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
     device = pick_device(device_name, local_rank if world > 1 else 0)
     if world == 1:
         return Processes(), device

@@ -15,7 +15,7 @@ Attention(Q, K, V) = softmax(Q K^T / sqrt(Dk) + mask) V, computed by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
