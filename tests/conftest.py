@@ -23,6 +23,19 @@ def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransforme
     return build_model(ModelConfig(**settings), vocab, vocab, joint_vocab=True).eval()
 
 
+def random_sources(n: int = 6, seed: int = 3) -> torch.Tensor:
+    """(n, S) source ids for the tiny models: 2 to 8 random tokens, EOS, then padding."""
+    from seq2seq_cli.tokenizer import EOS, PAD
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(2, 9, (n,), generator=g)
+    src = torch.full((n, int(lens.max()) + 1), PAD)
+    for i, L in enumerate(lens.tolist()):
+        src[i, :L] = torch.randint(4, 23, (L,), generator=g)
+        src[i, L] = EOS
+    return src
+
+
 @pytest.fixture
 def corpus_dir(tmp_path: Path) -> Path:
     """train/valid/test splits cut from the shipped corpus (a few hundred short pairs)."""

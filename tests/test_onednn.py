@@ -5,23 +5,12 @@ import torch
 from torch import nn
 
 import seq2seq_cli.search as search_module
-from conftest import tiny_model
+from conftest import random_sources as _sources, tiny_model
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.onednn import PackedLinear, available, for_decoding
 from seq2seq_cli.search import beam_search, greedy_search
-from seq2seq_cli.tokenizer import EOS, PAD
 
 pytestmark = pytest.mark.skipif(not available(tiny_model()), reason="this PyTorch has no oneDNN linear")
-
-
-def _sources(n=6, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(2, 9, (n,), generator=g)
-    src = torch.full((n, int(lens.max()) + 1), PAD)
-    for i, L in enumerate(lens.tolist()):
-        src[i, :L] = torch.randint(4, 23, (L,), generator=g)
-        src[i, L] = EOS
-    return src
 
 
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "bias": False}, {"q_k_size": 5, "v_size": 11}])

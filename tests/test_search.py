@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import random_sources as _sources, tiny_model
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.search import beam_search, greedy_search, max_lengths, sample, search
 from seq2seq_cli.model import DecoderState, LayerCache
@@ -10,16 +10,6 @@ from seq2seq_cli.tokenizer import BOS, EOS, PAD, UNK
 
 def opts(beam=1, alpha=1.0, a=1.5, b=4, **kw):
     return DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=a, max_len_b=b, **kw)
-
-
-def _sources(n=6, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(2, 9, (n,), generator=g)
-    src = torch.full((n, int(lens.max()) + 1), PAD)
-    for i, L in enumerate(lens.tolist()):
-        src[i, :L] = torch.randint(4, 23, (L,), generator=g)
-        src[i, L] = EOS
-    return src
 
 
 def _sharpened(seed=0):
