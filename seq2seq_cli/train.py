@@ -139,11 +139,13 @@ def accumulate_gradients(
 def validation_bleu(model: Seq2SeqTransformer, src_sp, tgt_sp, valid_raw, config: Config, device: torch.device) -> tuple[float, str]:
     """Greedy translation of the validation sources scored with sacreBLEU -> (BLEU, signature)."""
     from seq2seq_cli.evaluate import score
+    from seq2seq_cli.onednn import for_decoding
     from seq2seq_cli.translate import Translator
 
     decode = config.decode.model_copy(update={"beam_size": 1, "sampling": False})
     model.eval()
-    hyps = Translator(model, src_sp, tgt_sp, decode, device).translate(list(valid_raw["src"]))
+    # weights are fixed during validation: pack them for decoding once, not once per batch
+    hyps = Translator(for_decoding(model), src_sp, tgt_sp, decode, device).translate(list(valid_raw["src"]))
     model.train()
     scores = score(hyps, list(valid_raw["tgt"]))
     return scores.bleu, scores.bleu_signature
