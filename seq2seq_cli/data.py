@@ -232,27 +232,33 @@ def _fingerprint(source: Source, src_sp, tgt_sp, settings: dict[str, Any]) -> st
     return h.hexdigest()[:20]
 
 
+def _empty_line(source: Source, index: int, side: str) -> UserError:
+    """The on_empty: error message for pair `index` (0-based), naming the file that holds `side`."""
+    path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
+    return UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
+
+
 def _empty_error(encoded, source: Source) -> None:
     """on_empty: error -> raise for the first pair with an empty side, naming its file and line."""
     index = pc.index(pc.equal(encoded.data.column("_drop"), 1), True).as_py()
     if index < 0:
         return
     row = encoded[index]
-    side = "source" if not row["src_ids"] else "target"
-    path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
-    raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
+    raise _empty_line(source, index, "source" if not row["src_ids"] else "target")
 
 
 def check_no_empty_lines(raw, value: str, d) -> None:
     """data.on_empty: error -> raise for the first pair whose source or target text is blank,
     naming its file and line (checked on the text, before a tokenizer is trained)."""
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
-    for side, column in (("source", "src"), ("target", "tgt")):
-        blank = pc.equal(pc.utf8_trim_whitespace(raw.data.column(column)), "")
-        index = pc.index(blank, True).as_py()
-        if index >= 0:
-            path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
-            raise UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
+    first = {
+        side: pc.index(pc.equal(pc.utf8_trim_whitespace(raw.data.column(column)), ""), True).as_py()
+        for side, column in (("source", "src"), ("target", "tgt"))
+    }
+    found = {side: index for side, index in first.items() if index >= 0}
+    if found:
+        side = min(found, key=lambda s: (found[s], s != "source"))  # the earliest pair; its source first
+        raise _empty_line(source, found[side], side)
 
 
 def encoded_split(

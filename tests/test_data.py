@@ -83,3 +83,17 @@ def test_collate_gathers_rows_across_arrow_chunks_in_order():
     expected = [pad_batch([src[i] for i in index], [], [EOS]), pad_batch([tgt[i] for i in index], [BOS], [])]
     got = collate(chunked, index)
     assert got[0].tolist() == expected[0].tolist() and got[1].tolist() == expected[1].tolist()
+
+
+@pytest.mark.parametrize("src,tgt,where", [
+    (["uno", "dos", " "], ["one", "", "three"], "c.en:2: empty target"),  # the earlier pair wins
+    (["uno", "", "tres"], ["one", "", "three"], "c.es:2: empty source"),  # in one pair, the source
+])
+def test_blank_lines_name_the_first_pair(tmp_path, src, tgt, where):
+    from seq2seq_cli.config import DataConfig
+    from seq2seq_cli.data import check_no_empty_lines
+
+    prefix = _write_pair(tmp_path, src, tgt)
+    d = DataConfig(train=prefix, src_lang="es", tgt_lang="en", on_empty="error")
+    with pytest.raises(UserError, match=where):
+        check_no_empty_lines(read_parallel(prefix, "es", "en", tmp_path / "cache"), prefix, d)
