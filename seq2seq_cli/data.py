@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.formats import Source, quiet_datasets, read_parallel, split_source
+from seq2seq_cli.formats import Source, quiet_datasets, read_parallel, read_split, split_source  # noqa: F401 (read_parallel: re-exported)
 from seq2seq_cli.tokenizer import BOS, EOS, PAD
 
 CACHE_VERSION = 1
@@ -284,8 +284,7 @@ def encoded_split(
         shutil.rmtree(build, ignore_errors=True)
         build.mkdir(parents=True)
         try:
-            raw = read_parallel(value, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
-                                src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
+            raw = read_split(config, value)
             encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", config.run_path / "cache")
             if d.on_empty == "error":
                 _empty_error(encoded, source)

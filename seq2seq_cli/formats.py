@@ -194,3 +194,11 @@ def read_parallel(
                            fn_kwargs=fields, num_proc=proc)
     _first_error(parsed, path)
     return parsed.remove_columns("_err")
+
+
+def read_split(config, value: str):
+    """`read_parallel` of one split with the config's data settings (format, fields, processes),
+    datasets' own cache in RUN/cache. `config` is a `seq2seq_cli.config.Config`."""
+    d = config.data
+    return read_parallel(value, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
+                         src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)

@@ -94,7 +94,7 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
 def train_tokenizer(config: Config) -> list[Path]:
     """Train the SentencePiece model(s) on the training split (or copy the ones
     tokenizer.src_model/tgt_model name) into the run directory; return the model paths."""
-    from seq2seq_cli.formats import read_parallel, split_source
+    from seq2seq_cli.formats import read_split, split_source
 
     d, t = config.data, config.tokenizer
     run_dir = config.run_path
@@ -106,8 +106,7 @@ def train_tokenizer(config: Config) -> list[Path]:
         return [src_model] if t.joint else [src_model, tgt_model]
     source = split_source(d.train, d.src_lang, d.tgt_lang, d.format)
     # Every line is checked (UTF-8, alignment, columns, fields) before anything is trained.
-    dataset = read_parallel(d.train, d.src_lang, d.tgt_lang, run_dir / "cache", format=d.format,
-                            src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
+    dataset = read_split(config, d.train)
     plain = source.format == "text" and not any(f.suffix == ".gz" for f in source.files)
     src_file, tgt_file = source.files if plain else (None, None)
 

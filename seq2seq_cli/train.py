@@ -29,9 +29,9 @@ from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import distributed
 from seq2seq_cli.distributed import Processes
 from seq2seq_cli.config import Config, TrainConfig, save_config
-from seq2seq_cli.data import EncodedCorpus, check_no_empty_lines, collate, describe_drops, encoded_split, epoch_batches, read_parallel, token_batches
+from seq2seq_cli.data import EncodedCorpus, check_no_empty_lines, collate, describe_drops, encoded_split, epoch_batches, token_batches
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.formats import split_source
+from seq2seq_cli.formats import read_split, split_source
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 from seq2seq_cli.tokenizer import PAD, load_tokenizers, model_paths, train_tokenizer
@@ -82,12 +82,6 @@ def make_optimizer(model: nn.Module, t: TrainConfig, device: torch.device) -> to
     this build of torch has one for the device."""
     fused = device.type in ("cuda", "cpu")
     return torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay, fused=fused)
-
-
-def read_split(config: Config, prefix: str):
-    d = config.data
-    return read_parallel(prefix, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
-                         src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
 
 
 def my_batches(update: list[np.ndarray], procs: Processes) -> tuple[list[np.ndarray], bool]:
