@@ -31,7 +31,7 @@ from torch import Tensor
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import Source, quiet_datasets, read_parallel, read_split, split_source  # noqa: F401 (read_parallel: re-exported)
-from seq2seq_cli.tokenizer import BOS, EOS, PAD
+from seq2seq_cli.ids import BOS, EOS, PAD
 
 CACHE_VERSION = 1
 DROP_REASONS = ("empty", "too_long", "ratio", "duplicate")  # codes 1.. in the `_drop` column

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.masks import decoder_self_mask, padding_mask
-from seq2seq_cli.tokenizer import PAD
+from seq2seq_cli.ids import PAD
 
 
 def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:

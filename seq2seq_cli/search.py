@@ -30,7 +30,7 @@ from torch import Tensor
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.model import DecoderState, Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
-from seq2seq_cli.tokenizer import BOS, EOS, PAD, UNK
+from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 NEG_INF = float("-inf")
 

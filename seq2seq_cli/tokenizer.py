@@ -15,8 +15,7 @@ import sentencepiece as spm
 
 from seq2seq_cli.config import Config
 from seq2seq_cli.errors import UserError
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 
 def model_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:

@@ -34,7 +34,8 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_split, split_source
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import PAD, load_tokenizers, model_paths, train_tokenizer
+from seq2seq_cli.ids import PAD
+from seq2seq_cli.tokenizer import load_tokenizers, model_paths, train_tokenizer
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

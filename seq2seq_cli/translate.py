@@ -29,7 +29,8 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import BOS, EOS, UNK, load_tokenizers
+from seq2seq_cli.ids import BOS, EOS, UNK
+from seq2seq_cli.tokenizer import load_tokenizers
 
 
 @dataclass

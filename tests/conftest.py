@@ -25,7 +25,7 @@ def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransforme
 
 def random_sources(n: int = 6, seed: int = 3) -> torch.Tensor:
     """(n, S) source ids for the tiny models: 2 to 8 random tokens, EOS, then padding."""
-    from seq2seq_cli.tokenizer import EOS, PAD
+    from seq2seq_cli.ids import EOS, PAD
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(2, 9, (n,), generator=g)

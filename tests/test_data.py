@@ -3,7 +3,7 @@ import pytest
 
 from seq2seq_cli.data import collate, EncodedCorpus, epoch_batches, pad_batch, read_parallel, token_batches
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.tokenizer import BOS, EOS, PAD
+from seq2seq_cli.ids import BOS, EOS, PAD
 
 
 def _write_pair(tmp_path, src_lines, tgt_lines, src_bytes=None):

@@ -19,7 +19,8 @@ from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig,
 from seq2seq_cli.data import collate, encoded_split
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_parallel
-from seq2seq_cli.tokenizer import BOS, EOS, PAD, load_tokenizers, train_tokenizer
+from seq2seq_cli.ids import BOS, EOS, PAD
+from seq2seq_cli.tokenizer import load_tokenizers, train_tokenizer
 from test_checkpoint import assert_same, make_config, quiet
 
 runner = CliRunner()

@@ -5,7 +5,7 @@ from conftest import random_sources as _sources, tiny_model
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.search import beam_search, greedy_search, max_lengths, sample, search
 from seq2seq_cli.model import DecoderState, LayerCache
-from seq2seq_cli.tokenizer import BOS, EOS, PAD, UNK
+from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 
 def opts(beam=1, alpha=1.0, a=1.5, b=4, **kw):
