@@ -1,0 +1,55 @@
+"""Label-smoothed cross-entropy, fused: the forward pass keeps one (N, V) buffer and the
+backward pass writes the gradient into one more.
+
+loss = sum over non-pad targets of (1 - eps) * nll + eps * mean over the vocabulary of -log p.
+
+The autograd graph of the plain formula (log-softmax, gather, mean, where) keeps several
+(N, V) tensors alive and allocates more in the backward pass (a zero-filled scatter for the
+gather, an expanded mean, a masked where); on a CPU each fresh (N, V) tensor costs more in
+page faults and fills than the arithmetic. Here the backward pass is the closed form
+  d loss / d logits = keep * (softmax - (1 - eps) * onehot(target) - eps / V),
+computed in place in one buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from seq2seq_cli.ids import PAD
+
+
+class _LabelSmoothedNLL(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+        # logits: (N, V), target: (N,)
+        wide = torch.promote_types(logits.dtype, torch.float32)
+        lprobs = torch.log_softmax(logits.to(wide), dim=-1)  # (N, V), float32 at least
+        keep = target != PAD  # (N,)
+        nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (N,)
+        smooth = -lprobs.mean(dim=-1)  # (N,)
+        loss = torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, 0.0).sum()
+        ctx.save_for_backward(lprobs, target, keep)
+        ctx.epsilon, ctx.dtype = epsilon, logits.dtype
+        ctx.mark_non_differentiable(nll, keep)
+        return loss, torch.where(keep, nll, 0.0).sum(), keep.sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> tuple[Tensor, None, None]:
+        lprobs, target, keep = ctx.saved_tensors
+        eps, vocab = ctx.epsilon, lprobs.size(-1)
+        grad = lprobs.exp()  # softmax
+        grad.sub_(eps / vocab)
+        grad.scatter_add_(-1, target.unsqueeze(-1), torch.full_like(grad[:, :1], eps - 1.0))
+        grad.mul_((keep.to(grad.dtype) * grad_loss).unsqueeze(-1))
+        return grad.to(ctx.dtype), None, None
+
+
+def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """logits: (B, T, V), target: (B, T) -> (smoothed loss sum, nll sum, non-pad tokens), all
+    0-dim tensors on the logits' device (reading them is left to the caller: no host sync here).
+    Pad targets are ignored; the gradient flows through the smoothed loss only."""
+    vocab = logits.size(-1)
+    return _LabelSmoothedNLL.apply(logits.reshape(-1, vocab), target.reshape(-1), epsilon)
