@@ -8,11 +8,9 @@ import pytest
 import torch
 import yaml
 
+from helpers import REPO, SHIPPED
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-
-REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "data" / "bible-es-en"
 
 
 def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransformer:

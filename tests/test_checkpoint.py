@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
+from helpers import assert_same, make_config, quiet, train_records
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import train as train_module
 from seq2seq_cli.cli import app
@@ -21,38 +19,6 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.train import train
 
 runner = CliRunner()
-
-
-def make_config(tmp: Path, name: str, **train_overrides) -> Path:
-    """configs/tiny.yaml with dropout on (so RNG state matters), frequent saves, its own run dir."""
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / name)
-    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
-    raw["model"]["dropout"] = 0.1
-    raw["train"].update({"max_steps": 30, "valid_every": 7, "log_every": 3, **train_overrides})
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
-def quiet(cfg_path: Path, resume: bool = False, *overrides: str) -> Path:
-    return train(load_config(cfg_path, list(overrides)), resume=resume, progress=False, log=lambda _: None)
-
-
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoints" / "last.safetensors"))
-
-
-def train_records(run: Path) -> list[dict]:
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
-
-
-def assert_same(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
-    assert train_records(a) == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]}
-                                for r, x in zip(train_records(b), train_records(a))]
 
 
 @pytest.fixture(scope="module")
