@@ -163,3 +163,35 @@ def test_fp16_overflow_is_handled_by_the_scaler_and_resume_stays_exact(tmp_path,
     cfg = make_config(tmp_path, "run", max_steps=12)
     quiet(cfg, False, *common, "train.max_steps=5")
     assert_same(ref, quiet(cfg, True, *common))
+
+
+def test_average_written_outside_the_run_is_refused_and_the_run_stays_usable(reference, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = elsewhere / "avg.safetensors"
+    r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(out)])
+    assert r.exit_code != 0 and not out.exists() and list(elsewhere.iterdir()) == []
+    errors = r.stderr.strip().splitlines()
+    assert errors == [
+        f"error: {out}: an averaged checkpoint is written into its run's checkpoints directory "
+        f"{reference / 'checkpoints'}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
+    ]
+    inside = reference / "checkpoints" / "avg-outside-test.safetensors"
+    r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(inside)])
+    assert r.exit_code == 0, r.output
+    try:
+        r = runner.invoke(app, ["translate", "-m", str(inside)], input="hola\n")
+        assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1, r.output
+    finally:
+        inside.unlink()
+
+
+def test_checkpoint_file_outside_a_run_is_refused_with_what_to_give(reference, tmp_path):
+    stray = tmp_path / "last.safetensors"
+    stray.write_bytes((reference / "checkpoints" / "last.safetensors").read_bytes())
+    r = runner.invoke(app, ["translate", "-m", str(stray)], input="hola\n")
+    assert r.exit_code != 0
+    assert r.stderr.strip().splitlines() == [
+        f"error: {stray}: a checkpoint file is used from its run directory (RUN/checkpoints/last.safetensors), "
+        "where its tokenizer lies; give the run directory or a checkpoint inside it"
+    ]
