@@ -54,7 +54,7 @@ class LayerCache:
         old_k, old_v, order = self.self_k, self.self_v, self.order
         self.order = None
         if self.stores is None:
-            if old_k is not None:
+            if old_k is not None and old_v is not None:
                 if order is not None:
                     old_k, old_v = old_k.index_select(0, order), old_v.index_select(0, order)
                 k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)  # (B, H, L+T, Dk)
@@ -69,7 +69,9 @@ class LayerCache:
         the buffer that held `old` becomes the spare one."""
         B, H, T, d = new.shape
         size = B * H * (L + T) * d
-        spare, stores = self.spare, self.stores  # type: ignore[assignment]
+        spare, stores = self.spare, self.stores
+        if spare is None or stores is None:
+            raise ValueError("the cache has no buffers to write into; call DecoderState.preallocate first")
         if spare[which].numel() < size:  # more than preallocated: grow this buffer
             spare[which] = spare[which].new_empty(2 * size)
         buffer = spare[which]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_same, make_config, quiet, train_records
 from typer.testing import CliRunner
 
-from helpers import assert_same, make_config, quiet, train_records
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import train as train_module
 from seq2seq_cli.cli import app
@@ -172,10 +172,10 @@ def test_average_written_outside_the_run_is_refused_and_the_run_stays_usable(ref
     r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(out)])
     assert r.exit_code != 0 and not out.exists() and list(elsewhere.iterdir()) == []
     errors = r.stderr.strip().splitlines()
-    assert errors == [
+    assert errors == [(
         f"error: {out}: an averaged checkpoint is written into its run's checkpoints directory "
         f"{reference / 'checkpoints'}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
-    ]
+    )]
     inside = reference / "checkpoints" / "avg-outside-test.safetensors"
     r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(inside)])
     assert r.exit_code == 0, r.output
@@ -191,7 +191,7 @@ def test_checkpoint_file_outside_a_run_is_refused_with_what_to_give(reference, t
     stray.write_bytes((reference / "checkpoints" / "last.safetensors").read_bytes())
     r = runner.invoke(app, ["translate", "-m", str(stray)], input="hola\n")
     assert r.exit_code != 0
-    assert r.stderr.strip().splitlines() == [
+    assert r.stderr.strip().splitlines() == [(
         f"error: {stray}: a checkpoint file is used from its run directory (RUN/checkpoints/last.safetensors), "
         "where its tokenizer lies; give the run directory or a checkpoint inside it"
-    ]
+    )]
