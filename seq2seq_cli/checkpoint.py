@@ -7,6 +7,7 @@ Layout inside a run directory:
     checkpoints/step-00001000.{safetensors,state.pt,json}   the last `train.keep_last` saves
     checkpoints/last.{safetensors,state.pt,json}            the newest save (hard links)
     checkpoints/best.{safetensors,json}                     lowest validation loss so far
+    checkpoints/average-last-N.safetensors                  written by `seq2seq average`
 
 NAME.safetensors holds the weights and metadata (format version, config, vocabulary sizes,
 step); NAME.state.pt the optimizer, RNG states, data position and counters for --resume;
@@ -21,8 +22,9 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -184,7 +186,9 @@ def find_resumable(ckpt_dir: Path) -> tuple[str, list[str]]:
 
 
 def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
-    """`--model` is a run directory (best checkpoint, else last) or a checkpoint file inside one.
+    """`--model` is a run directory (best checkpoint, else last) or a checkpoint file in its
+    `checkpoints/` directory: the run directory holds the tokenizer a checkpoint needs, so a
+    file anywhere else is refused rather than paired with a directory that is not its run.
 
     -> (run directory, checkpoint file)
     """
@@ -196,6 +200,11 @@ def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
                 return p, ckpt
         raise UserError(f"{p}: no checkpoints/best.safetensors or checkpoints/last.safetensors; is it a trained run directory?")
     if p.is_file():
+        if p.parent.name != CHECKPOINT_DIR:
+            raise UserError(
+                f"{p}: a checkpoint file is used from its run directory (RUN/{CHECKPOINT_DIR}/{p.name}), "
+                "where its tokenizer lies; give the run directory or a checkpoint inside it"
+            )
         return p.parent.parent, p
     raise UserError(f"{p}: model not found (expected a run directory or a .safetensors checkpoint)")
 
@@ -262,12 +271,21 @@ def load_train_state(path: Path) -> dict[str, Any]:
 def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) -> Path:
     """Average the weights of the newest `last` intact step checkpoints of a run (as
     fairseq's average_checkpoints and OpenNMT's average_models); returns the written file,
-    by default RUN/checkpoints/average-last-N.safetensors (usable as --model)."""
+    by default RUN/checkpoints/average-last-N.safetensors (usable as --model).
+
+    `output` must lie in the run's checkpoints directory: the averaged weights are used
+    with the run's tokenizer, which `--model` finds through that directory."""
     from safetensors.torch import load_file, save_file
 
     ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
     if not ckpt_dir.is_dir():
         raise UserError(f"{run_dir}: no checkpoints directory; is it a trained run directory?")
+    output = Path(output) if output else ckpt_dir / f"average-last-{last}.safetensors"
+    if output.parent.resolve() != ckpt_dir.resolve():
+        raise UserError(
+            f"{output}: an averaged checkpoint is written into its run's checkpoints directory "
+            f"{ckpt_dir}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
+        )
     names = [n for n in step_names(ckpt_dir) if verify_checkpoint(ckpt_dir, n, need_state=False) is None][:last]
     if len(names) < last:
         raise UserError(
@@ -282,8 +300,5 @@ def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) ->
     dtypes = load_file(str(newest))
     averaged = {k: (v / len(names)).to(dtypes[k].dtype).contiguous() for k, v in total.items()}
     meta = {**read_metadata(newest), "averaged": ",".join(names)}
-    output = Path(output) if output else ckpt_dir / f"average-last-{last}.safetensors"
-    if not output.parent.is_dir():
-        raise UserError(f"{output}: output directory {output.parent} does not exist")
     atomic_write(output, lambda tmp: save_file(averaged, tmp, metadata=meta))
     return output

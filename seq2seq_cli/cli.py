@@ -270,7 +270,7 @@ def evaluate(
 def average(
     model: Annotated[Path, typer.Option("--model", "-m", help="Run directory whose step checkpoints are averaged.")],
     last: Annotated[int, typer.Option("--last", "-n", help="How many of the newest intact step checkpoints to average.")] = 2,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write; default RUN/checkpoints/average-last-N.safetensors.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write, inside RUN/checkpoints; default RUN/checkpoints/average-last-N.safetensors.")] = None,
 ) -> None:
     """Average the weights of the last N checkpoints of a run (often a little better than the last)."""
     from seq2seq_cli.checkpoint import average_checkpoints

@@ -28,9 +28,10 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.model import DecoderState, Seq2SeqTransformer
-from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
+from seq2seq_cli.kv_cache import DecoderState
+from seq2seq_cli.model import Seq2SeqTransformer
+from seq2seq_cli.onednn import for_decoding
 
 NEG_INF = float("-inf")
 

@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from safetensors.torch import load_file
+from helpers import assert_same, make_config, quiet, train_records
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import train as train_module
 from seq2seq_cli.cli import app
@@ -21,38 +19,6 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.train import train
 
 runner = CliRunner()
-
-
-def make_config(tmp: Path, name: str, **train_overrides) -> Path:
-    """configs/tiny.yaml with dropout on (so RNG state matters), frequent saves, its own run dir."""
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / name)
-    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
-    raw["model"]["dropout"] = 0.1
-    raw["train"].update({"max_steps": 30, "valid_every": 7, "log_every": 3, **train_overrides})
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
-def quiet(cfg_path: Path, resume: bool = False, *overrides: str) -> Path:
-    return train(load_config(cfg_path, list(overrides)), resume=resume, progress=False, log=lambda _: None)
-
-
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoints" / "last.safetensors"))
-
-
-def train_records(run: Path) -> list[dict]:
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
-
-
-def assert_same(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
-    assert train_records(a) == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]}
-                                for r, x in zip(train_records(b), train_records(a))]
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +163,35 @@ def test_fp16_overflow_is_handled_by_the_scaler_and_resume_stays_exact(tmp_path,
     cfg = make_config(tmp_path, "run", max_steps=12)
     quiet(cfg, False, *common, "train.max_steps=5")
     assert_same(ref, quiet(cfg, True, *common))
+
+
+def test_average_written_outside_the_run_is_refused_and_the_run_stays_usable(reference, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = elsewhere / "avg.safetensors"
+    r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(out)])
+    assert r.exit_code != 0 and not out.exists() and list(elsewhere.iterdir()) == []
+    errors = r.stderr.strip().splitlines()
+    assert errors == [(
+        f"error: {out}: an averaged checkpoint is written into its run's checkpoints directory "
+        f"{reference / 'checkpoints'}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
+    )]
+    inside = reference / "checkpoints" / "avg-outside-test.safetensors"
+    r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(inside)])
+    assert r.exit_code == 0, r.output
+    try:
+        r = runner.invoke(app, ["translate", "-m", str(inside)], input="hola\n")
+        assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1, r.output
+    finally:
+        inside.unlink()
+
+
+def test_checkpoint_file_outside_a_run_is_refused_with_what_to_give(reference, tmp_path):
+    stray = tmp_path / "last.safetensors"
+    stray.write_bytes((reference / "checkpoints" / "last.safetensors").read_bytes())
+    r = runner.invoke(app, ["translate", "-m", str(stray)], input="hola\n")
+    assert r.exit_code != 0
+    assert r.stderr.strip().splitlines() == [(
+        f"error: {stray}: a checkpoint file is used from its run directory (RUN/checkpoints/last.safetensors), "
+        "where its tokenizer lies; give the run directory or a checkpoint inside it"
+    )]

@@ -21,7 +21,7 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.ids import BOS, EOS, PAD
 from seq2seq_cli.tokenizer import load_tokenizers, train_tokenizer
-from test_checkpoint import assert_same, make_config, quiet
+from helpers import assert_same, make_config, quiet
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from test_checkpoint import make_config, quiet, train_records
+from helpers import make_config, quiet, train_records
 
 STEPS = 12  # the tiny corpus makes 21 batches an epoch: step 11 has one batch, for rank 0 only
 

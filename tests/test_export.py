@@ -12,7 +12,7 @@ from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
 from seq2seq_cli.translate import Translator
-from test_search import sequence_log_prob
+from helpers import sequence_log_prob
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
 

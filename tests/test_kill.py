@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from seq2seq_cli import checkpoint as ckpt
-from test_checkpoint import make_config, quiet
+from helpers import make_config, quiet
 
 KILLS = 20
 

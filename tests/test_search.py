@@ -1,11 +1,13 @@
 import pytest
 import torch
+from conftest import random_sources as _sources
+from conftest import tiny_model
+from helpers import sequence_log_prob
 
-from conftest import random_sources as _sources, tiny_model
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.ids import PAD, UNK
+from seq2seq_cli.kv_cache import DecoderState, LayerCache
 from seq2seq_cli.search import beam_search, greedy_search, max_lengths, sample, search
-from seq2seq_cli.model import DecoderState, LayerCache
-from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 
 def opts(beam=1, alpha=1.0, a=1.5, b=4, **kw):
@@ -18,14 +20,6 @@ def _sharpened(seed=0):
     with torch.no_grad():
         model.tgt_embed.tokens.weight.mul_(4.0)
     return model
-
-
-def sequence_log_prob(model, src_row, tokens):
-    """Sum of log-probabilities of tokens + EOS under the model (full forward, no cache)."""
-    tgt_in = torch.tensor([[BOS] + tokens])
-    target = torch.tensor(tokens + [EOS])
-    lprobs = torch.log_softmax(model(src_row[None], tgt_in)[0], dim=-1)
-    return lprobs[torch.arange(len(target)), target].sum().item()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -191,59 +185,6 @@ def test_top_k_one_sampling_is_greedy():
     src = _sources()
     sampled = sample(model, src, opts(sampling=True, top_k=1, seed=1))
     assert [s[0].tokens for s in sampled] == [g.tokens for g in greedy_search(model, src, opts())]
-
-
-def _random_walk(model, state, src, steps, seed):
-    """Decode `steps` positions, reordering the rows at random and dropping rows now and then,
-    as beam search does -> the hidden states of every step."""
-    g = torch.Generator().manual_seed(seed)
-    rows, out = src.size(0), []
-    for step in range(steps):
-        last = torch.randint(4, 23, (rows, 1), generator=g)
-        h, _ = model.decode(last, state, incremental=True)
-        out.append(h)
-        state.reorder(torch.randint(0, rows, (rows,), generator=g))
-        if step % 3 == 2 and rows > 1:
-            keep = torch.randperm(rows, generator=g)[: rows - 1].sort().values
-            state.select(keep)
-            rows -= 1
-    return out
-
-
-@pytest.mark.parametrize("positions", [12, 3])  # enough room, and buffers that must grow
-def test_preallocated_cache_equals_grown_cache(positions):
-    model = _sharpened(4)
-    src = _sources(n=5, seed=4)
-    memory, src_mask, _ = model.encode(src)
-    grown = model.init_state(memory, src_mask)
-    prealloc = model.init_state(memory, src_mask)
-    cfg = model.cfg
-    prealloc.preallocate(src.size(0), positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
-    with torch.no_grad():
-        a = _random_walk(model, grown, src, 10, seed=1)
-        b = _random_walk(model, prealloc, src, 10, seed=1)
-    for x, y in zip(a, b):
-        assert torch.equal(x, y)
-    for c, d in zip(grown.layers, prealloc.layers):
-        assert c.self_k.is_contiguous() and d.self_k.is_contiguous()
-        assert torch.equal(c.self_k, d.self_k) and torch.equal(c.self_v, d.self_v)
-
-
-def test_preallocated_cache_lives_in_the_preallocated_buffers():
-    model = _sharpened(5)
-    src = _sources(n=4, seed=5)
-    memory, src_mask, _ = model.encode(src)
-    state = model.init_state(memory, src_mask)
-    cfg = model.cfg
-    state.preallocate(src.size(0), 8, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
-    buffers = {t.data_ptr() for c in state.layers for t in [*c.stores, *c.spare]}
-    assert len(buffers) == 2 * (len(state.layers) + 1)  # one spare pair shared by every layer
-    with torch.no_grad():
-        _random_walk(model, state, src, 8, seed=2)
-    for c in state.layers:
-        assert c.self_k.shape[2] == 8
-        assert c.self_k.untyped_storage().data_ptr() in buffers
-        assert c.self_v.untyped_storage().data_ptr() in buffers
 
 
 def test_first_step_decodes_one_row_per_sentence():

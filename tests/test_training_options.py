@@ -19,7 +19,7 @@ from seq2seq_cli.data import collate, encode_corpus, epoch_batches, read_paralle
 from seq2seq_cli.model import build_model
 from seq2seq_cli.tokenizer import load_tokenizers
 from seq2seq_cli.train import label_smoothed_nll, learning_rate, make_optimizer
-from test_checkpoint import make_config, quiet, train_records
+from helpers import make_config, quiet, train_records
 
 runner = CliRunner()
 

@@ -1,0 +1,61 @@
+"""Plain functions shared by several test modules (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from seq2seq_cli.config import load_config
+from seq2seq_cli.ids import BOS, EOS
+from seq2seq_cli.model import Seq2SeqTransformer
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "data" / "bible-es-en"
+
+
+def make_config(tmp: Path, name: str, **train_overrides) -> Path:
+    """configs/tiny.yaml with dropout on (so RNG state matters), frequent saves, its own run dir."""
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / name)
+    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
+    raw["model"]["dropout"] = 0.1
+    raw["train"].update({"max_steps": 30, "valid_every": 7, "log_every": 3, **train_overrides})
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def quiet(cfg_path: Path, resume: bool = False, *overrides: str) -> Path:
+    """Train from a config file without progress bar or log -> the run directory."""
+    from seq2seq_cli.train import train
+
+    return train(load_config(cfg_path, list(overrides)), resume=resume, progress=False, log=lambda _: None)
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / "last.safetensors"))
+
+
+def train_records(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
+
+
+def assert_same(a: Path, b: Path) -> None:
+    """Two runs ended with the same weights and logged the same training records (timings aside)."""
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
+    assert train_records(a) == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]}
+                                for r, x in zip(train_records(b), train_records(a))]
+
+
+def sequence_log_prob(model: Seq2SeqTransformer, src_row: torch.Tensor, tokens: list[int]) -> float:
+    """Sum of log-probabilities of tokens + EOS under the model (full forward, no cache)."""
+    tgt_in = torch.tensor([[BOS] + tokens])
+    target = torch.tensor(tokens + [EOS])
+    lprobs = torch.log_softmax(model(src_row[None], tgt_in)[0], dim=-1)
+    return lprobs[torch.arange(len(target)), target].sum().item()
