@@ -227,3 +227,14 @@ def test_every_import_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Import and export", 1)[1]
     assert set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M)) == set(IMPORT_CASES) | {"export-hf-architecture"}
+
+
+def test_imported_run_works_with_translate_and_info(imported, tmp_path):
+    _, run, _ = imported
+    (tmp_path / "in.txt").write_text("hola\n\nen el principio\n", encoding="utf-8")
+    result = runner.invoke(app, ["translate", "-m", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt"),
+                                 "--beam-size", "2", "--no-progress", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 3
+    result = runner.invoke(app, ["info", "-m", str(run)])
+    assert result.exit_code == 0 and "total" in result.stdout
