@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, SHIPPED, tiny_model
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED, tiny_model
 from seq2seq_cli.checkpoint import load_checkpoint
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
@@ -126,7 +126,7 @@ def test_imported_model_gives_transformers_logits_and_outputs(imported):
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(), dict(activation="swish", bias=False), dict(tie_embeddings=False, activation="gelu", scale_embedding=False),
+    {}, {"activation": "swish", "bias": False}, {"tie_embeddings": False, "activation": "gelu", "scale_embedding": False},
 ], ids=["default", "swish-no-bias", "untied-gelu"])
 def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, overrides):
     from seq2seq_cli.checkpoint import save_checkpoint
@@ -226,7 +226,7 @@ def test_export_refusal_is_one_line(tmp_path):
 def test_every_import_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Import and export", 1)[1]
-    assert set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M)) == set(IMPORT_CASES) | {"export-hf-architecture"}
+    assert set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) == set(IMPORT_CASES) | {"export-hf-architecture"}
 
 
 def test_imported_run_works_with_translate_and_info(imported, tmp_path):

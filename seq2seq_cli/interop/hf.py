@@ -183,7 +183,11 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
                   force: bool = False) -> Path:
     """Convert a local Marian directory into a run directory (config.yaml, source.spm,
     target.spm, vocab.json, checkpoints/best and last); returns the run directory."""
-    from seq2seq_cli.checkpoint import CHECKPOINT_DIR, atomic_write_text, save_checkpoint
+    from seq2seq_cli.checkpoint import (
+        CHECKPOINT_DIR,
+        atomic_write_text,
+        save_checkpoint,
+    )
     from seq2seq_cli.config import save_config, validate_config
     from seq2seq_cli.model import build_model
     from seq2seq_cli.tokenizer import VOCAB_FILES
