@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
 # the value it ignores them at is the only one accepted.
 FIXED = {
     "normalize_before": False, "normalize_embedding": False, "add_final_layer_norm": False,
-    "static_position_embeddings": True, "add_bias_logits": False, "scale_attention": None,
+    "static_position_embeddings": True, "add_bias_logits": False,
 }
 INTS = ("vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
         "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "d_model", "decoder_start_token_id",
@@ -108,7 +108,7 @@ def _marian_config(src_dir: Path) -> dict[str, Any]:
         if not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
             raise UserError(f"{path}: {key} {cfg[key]!r} is not supported (expected one integer)")
     for key, value in FIXED.items():
-        if key in raw and raw[key] != value and not (value is None):
+        if key in raw and raw[key] != value:
             raise UserError(f"{path}: {key} {raw[key]!r} is not supported (transformers' Marian model uses {value!r})")
     if raw.get("scale_attention") not in (None, False):
         raise UserError(f"{path}: scale_attention {raw['scale_attention']!r} is not supported")
@@ -282,7 +282,7 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
 # --------------------------------------------------------------------------- export
 
 
-def export_problems(model: Any, joint: bool) -> list[str]:
+def export_problems(model: Any) -> list[str]:
     """Why a model cannot be written as a Marian model (empty when it can)."""
     cfg = model.cfg
     problems = []
@@ -302,7 +302,7 @@ def _permute(state: dict[str, Tensor], order: list[int]) -> dict[str, Tensor]:
     idx = torch.tensor(order)
     out = {}
     for name, t in state.items():
-        if name.endswith(("tokens.weight", "output.weight")) or name.endswith(("w_q.weight", "w_k.weight", "w_v.weight", "w_1.weight")):
+        if name.endswith(("tokens.weight", "output.weight", "w_q.weight", "w_k.weight", "w_v.weight", "w_1.weight")):
             t = t[:, idx]  # (rows, D): inputs of a linear layer, or embedding columns
         elif name.endswith(("w_o.weight", "w_2.weight")):
             t = t[idx]  # (D, cols): outputs of a linear layer
@@ -366,7 +366,7 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
 
     model, config, run_dir, _ = load_checkpoint(model_path, "cpu")
     joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
-    problems = export_problems(model, joint)
+    problems = export_problems(model)
     if problems:
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
