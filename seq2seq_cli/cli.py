@@ -285,16 +285,38 @@ def average(
 def export(
     output: Annotated[Path, typer.Argument(help="Directory to write the exported model into.")],
     model: ModelOpt,
-    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2.")] = "ctranslate2",
+    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, or hf (a MarianMTModel directory).")] = "ctranslate2",
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
 ) -> None:
-    """Export a trained model for another inference engine (CTranslate2)."""
+    """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""
     from seq2seq_cli.export import export_ctranslate2
 
+    if format == "hf":
+        from seq2seq_cli.interop.hf import export_hf
+
+        if quantization is not None:
+            raise UserError("--quantization is for --format ctranslate2; hf exports float32 weights")
+        typer.echo(f"wrote {export_hf(model, output, force)}")
+        return
     if format != "ctranslate2":
-        raise UserError(f"--format {format!r}: supported formats: ctranslate2")
+        raise UserError(f"--format {format!r}: supported formats: ctranslate2, hf")
     typer.echo(f"wrote {export_ctranslate2(model, output, quantization, force)}")
+
+
+@app.command("import")
+@user_errors
+def import_(
+    source: Annotated[Path, typer.Argument(help="A local Hugging Face Marian directory (config.json, model.safetensors, source.spm, target.spm, vocab.json).")],
+    output: Annotated[Path, typer.Argument(help="Run directory to write.")],
+    src_lang: Annotated[str, typer.Option("--src-lang", help="Source language suffix recorded in the run's config (data.src_lang).")] = "src",
+    tgt_lang: Annotated[str, typer.Option("--tgt-lang", help="Target language suffix recorded in the run's config (data.tgt_lang).")] = "tgt",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty run directory.")] = False,
+) -> None:
+    """Import a Hugging Face Marian (OPUS-MT) model into a run directory for translate, evaluate, export and info."""
+    from seq2seq_cli.interop.hf import import_marian
+
+    typer.echo(f"wrote {import_marian(source, output, src_lang, tgt_lang, force)}")
 
 
 def main() -> None:

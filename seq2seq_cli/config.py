@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.ids import BOS
 
 
 class Section(BaseModel):
@@ -51,6 +52,11 @@ class TokenizerConfig(Section):
     sampling: bool = Field(False, description="subword regularisation of training batches")
     alpha: float = Field(0.1, gt=0.0, le=1.0, description="unigram smoothing, or the BPE dropout probability")
     nbest: int = Field(-1, ge=-1, description="unigram: sample among the n best segmentations; -1 = all")
+    vocabulary: Literal["sentencepiece", "file"] = Field(
+        "sentencepiece",
+        description="ids are the SentencePiece model's own, or pieces map to ids through the run's vocab.json "
+        "(source.spm/target.spm, as in imported Marian models)",
+    )
 
     @model_validator(mode="after")
     def _given_models(self) -> TokenizerConfig:
@@ -58,6 +64,8 @@ class TokenizerConfig(Section):
             raise ValueError("tgt_model is for separate vocabularies (joint: false); with joint: true set src_model only")
         if not self.joint and (self.src_model is None) != (self.tgt_model is None):
             raise ValueError("with joint: false set both src_model and tgt_model, or neither")
+        if self.vocabulary == "file" and self.sampling:
+            raise ValueError("sampling (subword regularisation) needs vocabulary: sentencepiece")
         return self
 
 
@@ -80,6 +88,16 @@ class ModelConfig(Section):
     )
     tie_embeddings: bool = True
     bias: bool = True
+    activation: Literal["relu", "swish", "gelu"] = Field("relu", description="feed-forward activation")
+    scale_embedding: bool = Field(True, description="multiply token embeddings by sqrt(d_model)")
+    position_layout: Literal["interleaved", "halves"] = Field(
+        "interleaved",
+        description="sinusoidal table: sin/cos interleaved (even/odd dims), or sines then cosines (Marian)",
+    )
+    logits_bias: bool = Field(False, description="a fixed bias added to the output logits (Marian's final_logits_bias)")
+    decoder_start_id: int = Field(
+        BOS, ge=0, description="target id the decoder starts from: bos (2), or pad (0) as in Marian"
+    )
 
     @model_validator(mode="after")
     def _head_sizes(self) -> ModelConfig:
@@ -88,6 +106,8 @@ class ModelConfig(Section):
                 f"d_model ({self.d_model}) must be divisible by heads ({self.heads}) "
                 "unless q_k_size and v_size are both set"
             )
+        if self.position_layout == "halves" and self.positions != "sinusoidal":
+            raise ValueError("position_layout halves is a layout of the sinusoidal table; it needs positions: sinusoidal")
         return self
 
     @property

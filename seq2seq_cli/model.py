@@ -75,17 +75,21 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(out), weights
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2."""
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
-    def __init__(self, d_model: int, ffn_size: int, activation_dropout: float, bias: bool) -> None:
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2, act = ReLU (the paper's max(0, .)), swish or GELU."""
+
+    def __init__(self, d_model: int, ffn_size: int, activation_dropout: float, bias: bool, activation: str = "relu") -> None:
         super().__init__()
         self.w_1 = nn.Linear(d_model, ffn_size, bias=bias)
         self.w_2 = nn.Linear(ffn_size, d_model, bias=bias)
         self.activation_dropout = activation_dropout
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.dropout(F.relu(self.w_1(x)), self.activation_dropout, self.training)  # (B, T, F)
+        h = F.dropout(self.act(self.w_1(x)), self.activation_dropout, self.training)  # (B, T, F)
         return self.w_2(h)
 
 
@@ -119,7 +123,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = _attention(cfg)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_size, cfg.activation_dropout, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_size, cfg.activation_dropout, cfg.bias, cfg.activation)
         self.attn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
 
@@ -138,7 +142,7 @@ class DecoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = _attention(cfg)
         self.cross_attn = _attention(cfg)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_size, cfg.activation_dropout, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_size, cfg.activation_dropout, cfg.bias, cfg.activation)
         self.self_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.cross_block = Sublayer(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, pre)
@@ -179,30 +183,43 @@ class DecoderLayer(nn.Module):
         return x, self_weights, cross_weights
 
 
-def sinusoidal_table(length: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)) -> (length, D)."""
+def halves_order(d_model: int) -> list[int]:
+    """The dimensions of the interleaved table in the order of the halves layout: even
+    (sine) dimensions first, then odd (cosine) ones. Permuting every model dimension this
+    way turns a model of one layout into an equal model of the other."""
+    return list(range(0, d_model, 2)) + list(range(1, d_model, 2))
+
+
+def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """interleaved: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D));
+    halves (Marian): the same sines in the first ceil(D/2) dimensions, the cosines after them
+    -> (length, D)."""
     pos = torch.arange(length, dtype=torch.float64)[:, None]
     div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     table = torch.zeros(length, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(pos / div)
     table[:, 1::2] = torch.cos(pos / div)[:, : d_model // 2]
+    if layout == "halves":
+        table = table[:, halves_order(d_model)]
     return table.float()
 
 
 class Embedding(nn.Module):
-    """Token embedding x sqrt(D) + positional encoding, then dropout."""
+    """Token embedding (x sqrt(D) with scale_embedding) + positional encoding, then dropout."""
 
     def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, token_types: int = 0) -> None:
         super().__init__()
         self.tokens = tokens
         # Segment embeddings (BERT's token types); every token is type 0 unless `types` is given.
         self.types = nn.Embedding(token_types, cfg.d_model) if token_types else None
-        self.scale = math.sqrt(cfg.d_model)
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.learned = cfg.positions == "learned"
         if self.learned:
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
         else:
-            self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+            self.register_buffer(
+                "table", sinusoidal_table(cfg.max_positions, cfg.d_model, cfg.position_layout), persistent=False
+            )
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start: int = 0, types: Tensor | None = None) -> Tensor:
@@ -232,6 +249,12 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        # A fixed (not trained) bias on the logits, as Marian's final_logits_bias; zero unless loaded.
+        self.logits_bias: Tensor | None
+        if cfg.logits_bias:
+            self.register_buffer("logits_bias", torch.zeros(tgt_vocab))
+        else:
+            self.logits_bias = None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -269,7 +292,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def logits(self, h: Tensor) -> Tensor:
         """h: (..., D) -> (..., V)."""
-        return F.linear(h, self.tgt_embed.tokens.weight) if self.output is None else self.output(h)
+        logits = F.linear(h, self.tgt_embed.tokens.weight) if self.output is None else self.output(h)
+        return logits if self.logits_bias is None else logits + self.logits_bias
 
     def decode(
         self, tgt_in: Tensor, state: DecoderState, incremental: bool = False, need_weights: bool = False
@@ -299,6 +323,8 @@ class Seq2SeqTransformer(nn.Module):
         start = state.length if incremental else 0
         x = self.tgt_embed(tgt_in, start)
         self_mask = None if incremental and tgt_in.size(1) == 1 else decoder_self_mask(tgt_in, PAD)
+        if self_mask is not None and self.cfg.decoder_start_id == PAD:
+            self_mask[..., 0] = True  # position 0 holds the start token (pad's id), not padding
         if incremental and tgt_in.size(1) > 1 and state.length:
             raise ValueError("incremental decoding of several positions needs an empty cache")
         self_weights, cross_weights = [], []

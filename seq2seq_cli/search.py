@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.ids import BOS, EOS, PAD, UNK
+from seq2seq_cli.ids import EOS, PAD, UNK
 from seq2seq_cli.kv_cache import DecoderState
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
@@ -38,7 +38,7 @@ NEG_INF = float("-inf")
 
 @dataclass
 class Hypothesis:
-    tokens: list[int]  # output ids without BOS/EOS
+    tokens: list[int]  # output ids without the start token and EOS
     score: float  # log_prob / length penalty
     log_prob: float  # sum of token log-probabilities, EOS included
 
@@ -73,7 +73,7 @@ def step_log_probs(
     """One decoder step with every constraint applied.
 
     last: (N, 1) newest tokens, limits: (N,) output limits, history: (N, t) output so far
-    -> log-probabilities (N, V): PAD/BOS (and UNK with ban_unk) banned, EOS banned before
+    -> log-probabilities (N, V): PAD and the decoder start token (and UNK with ban_unk) banned, EOS banned before
     min_len, n-gram repeats banned, EOS forced at the limit.
     """
     h, _ = model.decode(last, state, incremental=True)
@@ -82,7 +82,7 @@ def step_log_probs(
     lprobs = torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
     eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
     lprobs[:, PAD] = NEG_INF
-    lprobs[:, BOS] = NEG_INF
+    lprobs[:, model.cfg.decoder_start_id] = NEG_INF
     if opts.ban_unk:
         lprobs[:, UNK] = NEG_INF
     if step < opts.min_len:
@@ -124,7 +124,7 @@ def greedy_search(
     B, device = src.size(0), src.device
     state = _decoder_state(model, memory, src_mask, B, limits)
     active = torch.arange(B, device=device)  # original row of each decoder row
-    last = torch.full((B, 1), BOS, dtype=torch.long, device=device)
+    last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
     totals = torch.zeros(B, device=device)
     results: list[Hypothesis | None] = [None] * B
@@ -186,7 +186,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
     n_finished = torch.zeros(B, dtype=torch.long, device=device)  # (B,)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    last = torch.full((B, 1), BOS, dtype=torch.long, device=device)  # (b*k, 1)
+    last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)  # (b*k, 1)
     step = 0
     while active.numel():
         b, k = scores.shape

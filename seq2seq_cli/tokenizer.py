@@ -122,8 +122,78 @@ def train_tokenizer(config: Config) -> list[Path]:
     return [src_model, tgt_model]
 
 
-def load_tokenizers(run_dir: Path, joint: bool) -> tuple[spm.SentencePieceProcessor, spm.SentencePieceProcessor]:
-    """Load (source, target) processors from a run directory; the same object when joint."""
+VOCAB_FILES = {"source": ("source.spm", "vocab.json"), "target": ("target.spm", "target_vocab.json")}
+
+
+class VocabTokenizer:
+    """Subwords from a SentencePiece model, ids from a vocabulary file (piece -> id), as Marian's:
+    text -> pieces through the .spm model -> ids through the vocabulary, and back. The ids
+    follow this tool's layout (pad 0, unk 1, eos 3); pieces not in the vocabulary are unk.
+    Offers the part of SentencePieceProcessor's interface the tool uses."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int]) -> None:
+        self.sp = sp
+        self.vocab = vocab
+        self.pieces = [""] * len(vocab)
+        for piece, i in vocab.items():
+            self.pieces[i] = piece
+
+    @classmethod
+    def load(cls, spm_path: Path, vocab_path: Path) -> VocabTokenizer:
+        for p in (spm_path, vocab_path):
+            if not p.is_file():
+                raise UserError(f"{p}: tokenizer file not found")
+        return cls(spm.SentencePieceProcessor(model_file=str(spm_path)), read_vocab(vocab_path))
+
+    def encode(self, text: str | list[str], return_type: str = "id") -> object:
+        """Ids of a sentence (or of each sentence of a list); return_type proto gives the
+        SentencePiece pieces with their surfaces, piece for piece as the ids."""
+        if return_type == "proto":
+            return self.sp.encode(text, out_type="immutable_proto")
+        if isinstance(text, str):
+            return [self.vocab.get(p, UNK) for p in self.sp.encode(text, out_type=str)]
+        return [[self.vocab.get(p, UNK) for p in pieces] for pieces in self.sp.encode(text, out_type=str)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode_pieces([self.pieces[i] for i in ids if i not in (PAD, EOS)])
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[i]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.vocab.get(piece, UNK)
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    """A vocabulary file: a JSON object piece -> id with ids 0..N-1, each once."""
+    import json
+
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a JSON vocabulary ({exc})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise UserError(f"{path}: ids must be 0..{len(vocab) - 1}, each used once")
+    return vocab
+
+
+def load_tokenizers(
+    run_dir: Path, joint: bool, vocabulary: str = "sentencepiece"
+) -> tuple[spm.SentencePieceProcessor, spm.SentencePieceProcessor]:
+    """Load (source, target) processors from a run directory; the same object when joint.
+    With vocabulary "file" they are `VocabTokenizer`s over source.spm/target.spm and
+    vocab.json (target_vocab.json for the target when not joint)."""
+    if vocabulary == "file":
+        src_spm, src_vocab = VOCAB_FILES["source"]
+        tgt_spm, tgt_vocab = VOCAB_FILES["target"]
+        src = VocabTokenizer.load(run_dir / src_spm, run_dir / src_vocab)
+        tgt = VocabTokenizer.load(run_dir / tgt_spm, run_dir / (src_vocab if joint else tgt_vocab))
+        return src, tgt  # type: ignore[return-value]
     src_path, tgt_path = model_paths(run_dir, joint)
     for p in {src_path, tgt_path}:
         if not p.is_file():

@@ -29,7 +29,7 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.ids import BOS, EOS, UNK
+from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.tokenizer import load_tokenizers
 
 
@@ -69,7 +69,7 @@ class Translator:
         decode settings and are validated like the config."""
         dev = pick_device(device)
         model, config, run_dir, _ = load_checkpoint(model_path, dev)
-        src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
+        src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
         settings = config.decode.model_dump()
         settings.update(overrides or {})
         try:
@@ -108,7 +108,7 @@ class Translator:
         """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
         tokens then EOS, columns are source subwords then EOS."""
         src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[BOS] + tokens], device=self.device)
+        tgt_in = torch.tensor([[self.model.cfg.decoder_start_id] + tokens], device=self.device)
         with torch.no_grad():
             memory, src_mask, _ = self.model.encode(src)
             _, weights = self.model.decode(tgt_in, self.model.init_state(memory, src_mask), need_weights=True)

@@ -1,0 +1,1 @@
+"""Converters between this tool's run directories and other toolkits' model formats."""

@@ -1,0 +1,241 @@
+"""HF Marian interop: a MarianMTModel built here (random weights, a SentencePiece model
+trained here) imported as a run gives transformers' logits and `generate` outputs; runs
+exported with `--format hf` load in transformers with the same logits; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, SHIPPED, tiny_model
+from typer.testing import CliRunner
+
+from seq2seq_cli.checkpoint import load_checkpoint
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.ids import EOS, PAD
+from seq2seq_cli.interop.hf import export_hf, import_marian
+from seq2seq_cli.search import beam_search, greedy_search
+from seq2seq_cli.tokenizer import load_tokenizers
+
+transformers = pytest.importorskip("transformers")
+spm = pytest.importorskip("sentencepiece")
+runner = CliRunner()
+LIMIT = 12  # output tokens before EOS is forced, in both toolkits
+
+
+def _lines() -> list[str]:
+    return [" ".join(line.split()[:8]) for lang in ("es", "en")
+            for line in (SHIPPED / f"valid.{lang}").read_text(encoding="utf-8").splitlines()[:300]]
+
+
+@pytest.fixture(scope="module")
+def spm_model(tmp_path_factory) -> Path:
+    """A SentencePiece model in Marian's id layout (eos 0, unk 1, no bos/pad)."""
+    tmp = tmp_path_factory.mktemp("spm")
+    (tmp / "text.txt").write_text("\n".join(_lines()) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(tmp / "text.txt"), model_prefix=str(tmp / "sp"), vocab_size=120, minloglevel=2,
+        eos_id=0, unk_id=1, bos_id=-1, pad_id=-1,
+    )
+    return tmp / "sp.model"
+
+
+def marian_dir(root: Path, spm_model: Path, shared: bool, activation: str) -> Path:
+    """save_pretrained of a small random MarianMTModel and its MarianTokenizer."""
+    out = root / f"marian-{shared}-{activation}"
+    out.mkdir()
+    sp = spm.SentencePieceProcessor(model_file=str(spm_model))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    vocab["<pad>"] = len(vocab)
+    V = len(vocab)
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(spm_model, out / name)
+    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    config = transformers.MarianConfig(
+        vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=64, activation_function=activation, scale_embedding=True,
+        pad_token_id=V - 1, decoder_start_token_id=V - 1, eos_token_id=0, forced_eos_token_id=0,
+        share_encoder_decoder_embeddings=shared,
+    )
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():  # weights large enough for outputs to depend on them; positions stay Marian's table
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:
+                p.normal_(0.0, 0.4)
+        model.final_logits_bias.normal_()
+    model.save_pretrained(out)
+    transformers.MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json")).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=[(True, "swish"), (False, "relu")], ids=["shared-swish", "separate-relu"])
+def imported(request, tmp_path_factory, spm_model):
+    root = tmp_path_factory.mktemp("hf")
+    src = marian_dir(root, spm_model, *request.param)
+    run = import_marian(src, root / "run")
+    hf = transformers.MarianMTModel.from_pretrained(src).eval()
+    return src, run, hf
+
+
+def test_imported_model_gives_transformers_logits_and_outputs(imported):
+    src, run, hf = imported
+    model, config, _, _ = load_checkpoint(run)
+    src_tok, tgt_tok = load_tokenizers(run, config.tokenizer.joint, config.tokenizer.vocabulary)
+    assert config.model.activation in ("swish", "relu") and config.model.position_layout == "halves"
+    hf_tok = transformers.MarianTokenizer.from_pretrained(src)
+    marian_vocab = json.loads((src / "vocab.json").read_text(encoding="utf-8"))
+    to_hf = [marian_vocab[tgt_tok.id_to_piece(i)] for i in range(tgt_tok.get_piece_size())]
+    lines = _lines()[:50]
+    ours_ids = [s + [EOS] for s in src_tok.encode(lines)]
+    enc = hf_tok(lines, return_tensors="pt", padding=True)
+    for mine, theirs, mask in zip(ours_ids, enc.input_ids.tolist(), enc.attention_mask.tolist()):
+        assert [to_hf[i] for i in mine] == theirs[: sum(mask)]  # the tokenizer layer: same pieces, same ids
+    width = max(map(len, ours_ids))
+    src_ours = torch.tensor([s + [PAD] * (width - len(s)) for s in ours_ids])
+
+    # Logits of a teacher-forced pass, fp32, every real position.
+    start = hf.config.decoder_start_token_id
+    tgt_hf = torch.tensor([[start, 5, 7, 9, 11], [start, 12, 4, 6, 8]])
+    from_hf = {m: i for i, m in enumerate(to_hf)}
+    tgt_ours = torch.tensor([[from_hf[i] for i in row] for row in tgt_hf.tolist()])
+    with torch.no_grad():
+        theirs = hf(input_ids=enc.input_ids[:2], attention_mask=enc.attention_mask[:2], decoder_input_ids=tgt_hf).logits
+        mine = model(src_ours[:2], tgt_ours)
+    assert torch.allclose(mine, theirs[..., to_hf], atol=1e-5, rtol=0)
+
+    # Greedy and beam-4 search against generate with the same settings.
+    for beams in (1, 4):
+        opts = DecodeConfig(beam_size=beams, max_len_a=0, max_len_b=LIMIT, length_penalty=1.0)
+        hyps = greedy_search(model, src_ours, opts) if beams == 1 else [h[0] for h in beam_search(model, src_ours, opts)]
+        out = hf.generate(
+            input_ids=enc.input_ids, attention_mask=enc.attention_mask, num_beams=beams, do_sample=False,
+            max_new_tokens=LIMIT + 1, length_penalty=1.0, early_stopping=True if beams > 1 else None,
+            bad_words_ids=[[hf.config.pad_token_id]], num_return_sequences=1,
+        )
+        for h, row in zip(hyps, out.tolist()):
+            theirs_tokens = [t for t in row[1:] if t != hf.config.pad_token_id]
+            assert [to_hf[t] for t in h.tokens] + [hf.config.eos_token_id] == theirs_tokens, beams
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"activation": "swish", "bias": False}, {"tie_embeddings": False, "activation": "gelu", "scale_embedding": False},
+], ids=["default", "swish-no-bias", "untied-gelu"])
+def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, overrides):
+    from seq2seq_cli.checkpoint import save_checkpoint
+    from seq2seq_cli.config import validate_config
+
+    run = tmp_path / "run"
+    model = tiny_model(vocab=120, **overrides)
+    config = validate_config({"name": "t", "run_dir": str(run), "data": {"train": "x", "max_src_len": 60, "max_tgt_len": 60},
+                              "tokenizer": {"vocab_size": 120}, "model": model.cfg.model_dump()}, "test")
+    run.mkdir()
+    (tmp_path / "text.txt").write_text("\n".join(_lines()) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "text.txt"), model_prefix=str(run / "spm"), vocab_size=120,
+                                   minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+    save_checkpoint(run / "checkpoints", 1, model, config, {"step": 1}, {}, best=True, keep_last=1)
+    out = export_hf(run, tmp_path / "hf")
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    tok = transformers.MarianTokenizer.from_pretrained(out)
+    lines = _lines()[:4]
+    enc = tok(lines, return_tensors="pt", padding=True)
+    sp = spm.SentencePieceProcessor(model_file=str(run / "spm.model"))
+    assert enc.input_ids[0].tolist()[: enc.attention_mask[0].sum()] == sp.encode(lines[0]) + [EOS]
+    tgt = torch.tensor([[2, 5, 7, 9], [2, 11, 4, 6], [2, 8, 9, 10], [2, 30, 40, 50]])
+    with torch.no_grad():
+        theirs = hf(input_ids=enc.input_ids, attention_mask=enc.attention_mask, decoder_input_ids=tgt).logits
+        mine = model(enc.input_ids.masked_fill(enc.attention_mask == 0, PAD), tgt)
+    assert torch.allclose(mine, theirs, atol=1e-5, rtol=0)
+
+
+def test_export_hf_refuses_an_architecture_marian_lacks(tmp_path):
+    from seq2seq_cli.checkpoint import save_checkpoint
+    from seq2seq_cli.config import validate_config
+
+    model = tiny_model(positions="learned", norm="pre")
+    config = validate_config({"name": "t", "data": {"train": "x", "max_src_len": 60, "max_tgt_len": 60},
+                              "model": model.cfg.model_dump()}, "test")
+    save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, config, {"step": 1}, {}, best=True, keep_last=1)
+    with pytest.raises(UserError, match="model.norm pre.*model.positions learned"):
+        export_hf(tmp_path / "run", tmp_path / "hf")
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _broken(root: Path, spm_model: Path, name: str) -> Path:
+    """A Marian directory with one thing wrong (`name`)."""
+    src = marian_dir(root, spm_model, True, "relu")
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    if name == "import-not-marian":
+        (src / "config.json").unlink()
+    elif name == "import-missing-spm":
+        (src / "target.spm").unlink()
+    elif name == "import-activation":
+        config["activation_function"] = "gelu_new"
+    elif name == "import-layout":
+        config["static_position_embeddings"] = False
+    elif name == "import-vocab-size":
+        config["vocab_size"] = config["decoder_vocab_size"] = config["vocab_size"] + 1
+    if name != "import-not-marian":
+        (src / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return src
+
+
+IMPORT_CASES = {
+    "import-not-marian": ("not a Marian model directory (no config.json)", 1),
+    "import-missing-spm": ("target.spm: missing (a Marian directory holds source.spm, target.spm and vocab.json)", 1),
+    "import-activation": ("activation_function 'gelu_new' is not supported", 1),
+    "import-layout": ("static_position_embeddings False is not supported", 1),
+    "import-vocab-size": ("vocab.json: 121 entries for ids 0..121", 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPORT_CASES))
+def test_bad_import_is_one_line(tmp_path, spm_model, case):
+    src = _broken(tmp_path, spm_model, case)
+    result = runner.invoke(app, ["import", str(src), str(tmp_path / "run")])
+    fragment, code = IMPORT_CASES[case]
+    assert result.exit_code == code, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_refusal_is_one_line(tmp_path):
+    from seq2seq_cli.checkpoint import save_checkpoint
+    from seq2seq_cli.config import validate_config
+
+    model = tiny_model(positions="learned")
+    config = validate_config({"name": "t", "data": {"train": "x", "max_src_len": 60, "max_tgt_len": 60},
+                              "model": model.cfg.model_dump()}, "test")
+    save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, config, {"step": 1}, {}, best=True, keep_last=1)
+    result = runner.invoke(app, ["export", str(tmp_path / "hf"), "-m", str(tmp_path / "run"), "--format", "hf"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith("error: ") and "model.positions learned" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_every_import_case_is_documented():
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("## Import and export", 1)[1]
+    documented = set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"}
+    assert documented == set(IMPORT_CASES) | {"export-hf-architecture"}
+
+
+def test_imported_run_works_with_translate_and_info(imported, tmp_path):
+    _, run, _ = imported
+    (tmp_path / "in.txt").write_text("hola\n\nen el principio\n", encoding="utf-8")
+    result = runner.invoke(app, ["translate", "-m", str(run), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt"),
+                                 "--beam-size", "2", "--no-progress", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 3
+    result = runner.invoke(app, ["info", "-m", str(run)])
+    assert result.exit_code == 0 and "total" in result.stdout
