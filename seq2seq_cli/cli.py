@@ -11,7 +11,8 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -23,7 +24,7 @@ class OneLineErrors(TyperGroup):
     """Bad flags (unknown option, beam size 0, missing --model ...) reported as one line on
     stderr, `error: seq2seq CMD: what was wrong (see 'seq2seq CMD --help')`, exit code 2."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,  # type: ignore[override]
              standalone_mode: bool = True, **extra: Any) -> Any:
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
@@ -198,6 +199,7 @@ def info(
 
         net = load_checkpoint(model)[0]
     else:
+        assert config is not None  # one of the two, checked above
         net = model_from_config(_load(config, set_))
     typer.echo(info_report(net, src_len, tgt_len))
 

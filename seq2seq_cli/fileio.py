@@ -11,8 +11,9 @@ from __future__ import annotations
 import gzip
 import os
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
 
@@ -39,7 +40,10 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    atomic_write(path, write)
 
 
 def open_bytes(path: Path) -> BinaryIO:

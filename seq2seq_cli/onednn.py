@@ -106,21 +106,22 @@ def _packed_copy(model: Seq2SeqTransformer) -> tuple[Seq2SeqTransformer | None, 
     probe = torch.Generator().manual_seed(0)
     try:
         with torch.no_grad():
-            packed: list[tuple[str, PackedLinear, Tensor, Tensor | None]] = []
+            packed: list[tuple[str, nn.Module, Tensor, Tensor | None]] = []
             for parent_name, parent in list(fast.named_modules()):
                 for name, child in list(parent.named_children()):
                     if type(child) is nn.Linear:
-                        layer = PackedLinear(child.weight, child.bias)
-                        setattr(parent, name, layer)
-                        packed.append((f"{parent_name}.{name}".lstrip("."), layer, child.weight, child.bias))
+                        replacement = PackedLinear(child.weight, child.bias)
+                        setattr(parent, name, replacement)
+                        packed.append((f"{parent_name}.{name}".lstrip("."), replacement, child.weight, child.bias))
             if fast.output is None:  # tied: the target embedding is the output projection (no bias)
-                fast.output = PackedLinear(fast.tgt_embed.tokens.weight, None)
-                packed.append(("output (tied)", fast.output, fast.tgt_embed.tokens.weight, None))
+                output = PackedLinear(fast.tgt_embed.tokens.weight, None)
+                fast.output = output  # type: ignore[assignment]
+                packed.append(("output (tied)", output, fast.tgt_embed.tokens.weight, None))
             for name, layer, weight, bias in packed:
                 x = torch.randn(2, weight.size(1), generator=probe)
                 if not torch.allclose(layer(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-4):
                     return None, f"the packed layer {name} does not reproduce F.linear"
     except RuntimeError as exc:  # an operator missing or changed in this PyTorch build
         return None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    fast.packed_for_decoding = True
+    fast.packed_for_decoding = True  # type: ignore[assignment]
     return fast, ""

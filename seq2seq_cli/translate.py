@@ -13,10 +13,11 @@ search itself stays on the fast path.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
 from seq2seq_cli.tokenizer import load_tokenizers
+
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
 
 CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 
@@ -55,8 +59,8 @@ class Translator:
     """A loaded run: model, tokenizers and the decoding options to use."""
 
     model: Seq2SeqTransformer
-    src_sp: object
-    tgt_sp: object
+    src_sp: SentencePieceProcessor
+    tgt_sp: SentencePieceProcessor
     decode: DecodeConfig
     device: torch.device
 

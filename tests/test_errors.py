@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
+from conftest import REPO, SHIPPED
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
@@ -177,7 +177,7 @@ def test_bad_input_is_one_line_with_its_exit_code(ws, case):
 
 def test_every_case_is_documented():
     table = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.M))
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.MULTILINE))
     assert documented == set(CASES)
     assert len(CASES) >= 15
 

@@ -5,10 +5,11 @@ import logging
 
 import pytest
 import torch
+from conftest import random_sources as _sources
+from conftest import tiny_model
 from torch import nn
 
-import seq2seq_cli.onednn as onednn
-from conftest import random_sources as _sources, tiny_model
+from seq2seq_cli import onednn
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.onednn import PackedLinear, available, for_decoding
 from seq2seq_cli.search import beam_search, greedy_search
@@ -126,8 +127,9 @@ def test_missing_operators_are_reported(monkeypatch, fresh_log):
     assert for_decoding(model) is model
     assert for_decoding(model) is model
     messages = [r.getMessage() for r in fresh_log.records]
-    assert messages == ["warning: linear layers through oneDNN unavailable (this PyTorch is built without oneDNN); "
-                        "decoding on CPU without them"]
+    assert messages == [
+        "warning: linear layers through oneDNN unavailable (this PyTorch is built without oneDNN); decoding on CPU without them"
+    ]
 
 
 def test_models_packing_does_not_apply_to_are_not_reported(fresh_log):

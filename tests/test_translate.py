@@ -2,12 +2,13 @@
 
 import random
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
+from conftest import REPO, SHIPPED
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
@@ -114,7 +115,7 @@ def test_output_directory_missing_is_a_one_line_error(run_dir, tmp_path):
 class Recorder:
     """Stands in for a tqdm bar: records each update and whether it was closed."""
 
-    instances: list["Recorder"] = []
+    instances: ClassVar[list["Recorder"]] = []
 
     def __init__(self, *args, **kwargs):
         self.updates: list[int] = []
