@@ -25,6 +25,7 @@ import torch
 from shapes import add_shape_arguments, hf_marian, our_model
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import search
 
 
@@ -88,7 +89,7 @@ def main() -> None:
             convert_ctranslate2(ours.float().cpu(), vocab, vocab, Path(tmp) / "ct2")
             ct = ctranslate2.Translator(str(Path(tmp) / "ct2"), device="cpu", intra_threads=args.threads, inter_threads=1)
         tokens = [[vocab[i] for i in r] for r in body.tolist()]
-    m, s = ours.to(dev, dtype), src.to(dev)
+    m, s = for_decoding(ours.to(dev, dtype)), src.to(dev)  # packed for oneDNN once, as the translator does
 
     for beam in args.beams:
         runs: dict[str, Callable[[], object]] = {}

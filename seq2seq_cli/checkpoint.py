@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,35 +31,11 @@ from safetensors.torch import load_model, save_model
 
 from seq2seq_cli.config import Config, validate_config
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write, atomic_write_text
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 
 FORMAT_VERSION = "1"
 CHECKPOINT_DIR = "checkpoints"
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def save_weights(path: Path, model: Seq2SeqTransformer, config: Config, meta: dict[str, Any]) -> None:

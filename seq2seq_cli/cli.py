@@ -7,10 +7,12 @@ torch and the heavy libraries are imported inside the commands so `--help` is in
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -22,7 +24,7 @@ class OneLineErrors(TyperGroup):
     """Bad flags (unknown option, beam size 0, missing --model ...) reported as one line on
     stderr, `error: seq2seq CMD: what was wrong (see 'seq2seq CMD --help')`, exit code 2."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,  # type: ignore[override]
              standalone_mode: bool = True, **extra: Any) -> Any:
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra)
@@ -58,6 +60,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file, e.g. configs/quickstart.yaml.")]
@@ -68,31 +71,57 @@ SetOpt = Annotated[
 ModelOpt = Annotated[Path, typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint) or a checkpoint file.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
 
-# Decoding flags shared by translate and evaluate; None = the run's own decode.* setting.
-BeamOpt = Annotated[Optional[int], typer.Option("--beam-size", "-b", min=1, help="Beam size; 1 = greedy. Default: the run's decode.beam_size.")]
-PenaltyOpt = Annotated[Optional[float], typer.Option("--length-penalty", help="Alpha of the length penalty. Default: decode.length_penalty.")]
-PenaltyTypeOpt = Annotated[Optional[str], typer.Option("--length-penalty-type", help="average: log P / len**alpha (fairseq, HF, CTranslate2); gnmt: log P / ((5+len)/6)**alpha (OpenNMT, JoeyNMT).")]
-LenAOpt = Annotated[Optional[float], typer.Option("--max-len-a", min=0, help="Output limit a*source_len+b: the a. Default: decode.max_len_a.")]
-LenBOpt = Annotated[Optional[int], typer.Option("--max-len-b", min=0, help="Output limit a*source_len+b: the b. Default: decode.max_len_b.")]
-MinLenOpt = Annotated[Optional[int], typer.Option("--min-len", min=0, help="No end of sentence before this many output tokens.")]
-NgramOpt = Annotated[Optional[int], typer.Option("--no-repeat-ngram-size", min=0, help="Never repeat an n-gram of this size; 0 = off.")]
-BanUnkOpt = Annotated[Optional[bool], typer.Option("--ban-unk/--allow-unk", help="Never produce the unknown token.")]
-ReplaceUnkOpt = Annotated[Optional[bool], typer.Option("--replace-unk/--keep-unk", help="Replace unknown output tokens by the most attended source piece.")]
-SamplingOpt = Annotated[Optional[bool], typer.Option("--sampling/--search", help="Sample outputs (temperature, top-k, top-p) instead of searching.")]
-TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature.")]
-TopKOpt = Annotated[Optional[int], typer.Option("--top-k", min=0, help="Sample among the k most likely tokens; 0 = all.")]
-TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability.")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling: the same seed gives the same outputs.")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", min=1, help="Source tokens per batch (divided by the beam). Default: decode.batch_tokens.")]
-DECODE_FLAGS = (
-    "beam_size", "length_penalty", "length_penalty_type", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
-    "ban_unk", "replace_unk", "sampling", "temperature", "top_k", "top_p", "seed", "batch_tokens",
-)
+# The decoding flags of translate and evaluate, one per DecodeConfig field (in its order): the
+# flag names and help are given here; the type and the lower bound come from the field.
+# A flag not given (None) leaves the run's own decode.* setting.
+DECODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "beam_size": (("--beam-size", "-b"), "Beam size; 1 = greedy. Default: the run's decode.beam_size."),
+    "length_penalty": (("--length-penalty",), "Alpha of the length penalty. Default: decode.length_penalty."),
+    "length_penalty_type": (("--length-penalty-type",), "average: log P / len**alpha (fairseq, HF, CTranslate2); gnmt: log P / ((5+len)/6)**alpha (OpenNMT, JoeyNMT)."),
+    "max_len_a": (("--max-len-a",), "Output limit a*source_len+b: the a. Default: decode.max_len_a."),
+    "max_len_b": (("--max-len-b",), "Output limit a*source_len+b: the b. Default: decode.max_len_b."),
+    "min_len": (("--min-len",), "No end of sentence before this many output tokens."),
+    "no_repeat_ngram_size": (("--no-repeat-ngram-size",), "Never repeat an n-gram of this size; 0 = off."),
+    "ban_unk": (("--ban-unk/--allow-unk",), "Never produce the unknown token."),
+    "replace_unk": (("--replace-unk/--keep-unk",), "Replace unknown output tokens by the most attended source piece."),
+    "sampling": (("--sampling/--search",), "Sample outputs (temperature, top-k, top-p) instead of searching."),
+    "temperature": (("--temperature",), "Sampling temperature."),
+    "top_k": (("--top-k",), "Sample among the k most likely tokens; 0 = all."),
+    "top_p": (("--top-p",), "Sample from the smallest set of tokens with this much probability."),
+    "seed": (("--seed",), "Seed for sampling: the same seed gives the same outputs."),
+    "batch_tokens": (("--batch-tokens",), "Source tokens per batch (divided by the beam). Default: decode.batch_tokens."),
+}
 
 
-def decode_overrides(values: dict[str, object]) -> dict[str, object]:
-    """The decoding flags given on the command line (a command's locals()), by DecodeConfig key."""
-    return {k: values[k] for k in DECODE_FLAGS if values.get(k) is not None}
+def decode_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` one option per DecodeConfig field (DECODE_FLAGS) in place of its last
+    parameter, `decode`, which receives the flags given, by DecodeConfig key."""
+    from seq2seq_cli.config import DecodeConfig
+
+    fields = DecodeConfig.model_fields
+    if list(fields) != list(DECODE_FLAGS):
+        raise TypeError(f"DECODE_FLAGS names {list(DECODE_FLAGS)}, DecodeConfig has {list(fields)}")
+    signature = inspect.signature(command, eval_str=True)
+    *params, last = signature.parameters.values()
+    if last.name != "decode":
+        raise TypeError(f"{command.__name__}: the last parameter must be `decode`")
+    for name, field in fields.items():
+        decls, help_text = DECODE_FLAGS[name]
+        kind = field.annotation if field.annotation in (bool, int, float) else str
+        low = next((m.ge for m in field.metadata if hasattr(m, "ge")), None)
+        option = typer.Option(*decls, min=low, help=help_text)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[Optional[kind], option]))  # type: ignore[valid-type]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in fields}
+        command(**kwargs, decode={k: v for k, v in given.items() if v is not None})
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -170,12 +199,14 @@ def info(
 
         net = load_checkpoint(model)[0]
     else:
+        assert config is not None  # one of the two, checked above
         net = model_from_config(_load(config, set_))
     typer.echo(info_report(net, src_len, tgt_len))
 
 
 @app.command()
 @user_errors
+@decode_options
 def translate(
     model: ModelOpt,
     input: Annotated[str, typer.Option("--input", "-i", help="Text file to translate, one sentence per line; - = stdin.")] = "-",
@@ -188,26 +219,13 @@ def translate(
     attention_head: Annotated[Optional[int], typer.Option("--attention-head", min=0, help="One head for alignments and plots; default the mean over heads.")] = None,
     device: DeviceOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
-    beam_size: BeamOpt = None,
-    length_penalty: PenaltyOpt = None,
-    length_penalty_type: PenaltyTypeOpt = None,
-    max_len_a: LenAOpt = None,
-    max_len_b: LenBOpt = None,
-    min_len: MinLenOpt = None,
-    no_repeat_ngram_size: NgramOpt = None,
-    ban_unk: BanUnkOpt = None,
-    replace_unk: ReplaceUnkOpt = None,
-    sampling: SamplingOpt = None,
-    temperature: TemperatureOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    seed: SeedOpt = None,
-    batch_tokens: BatchOpt = None,
+    *,
+    decode: dict[str, object],
 ) -> None:
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
     from seq2seq_cli.translate import OutputOptions, Translator, translate_file
 
-    translator = Translator.load(model, device, decode_overrides(locals()))
+    translator = Translator.load(model, device, decode)
     layers = translator.model.cfg.decoder_layers
     if not -layers <= attention_layer < layers:
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
@@ -221,6 +239,7 @@ def translate(
 
 @app.command()
 @user_errors
+@decode_options
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
     model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Run directory or checkpoint to translate --src with.")] = None,
@@ -228,22 +247,9 @@ def evaluate(
     hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Score this existing file of translations instead of translating.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the translations of --src here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON line.")] = False,
-    beam_size: BeamOpt = None,
-    length_penalty: PenaltyOpt = None,
-    length_penalty_type: PenaltyTypeOpt = None,
-    max_len_a: LenAOpt = None,
-    max_len_b: LenBOpt = None,
-    min_len: MinLenOpt = None,
-    no_repeat_ngram_size: NgramOpt = None,
-    ban_unk: BanUnkOpt = None,
-    replace_unk: ReplaceUnkOpt = None,
-    sampling: SamplingOpt = None,
-    temperature: TemperatureOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    seed: SeedOpt = None,
-    batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
+    *,
+    decode: dict[str, object],
 ) -> None:
     """Score translations with sacreBLEU: BLEU and chrF with their signatures."""
     from seq2seq_cli.evaluate import evaluate as run_evaluation
@@ -256,7 +262,7 @@ def evaluate(
     if model is not None:
         from seq2seq_cli.translate import Translator
 
-        translator = Translator.load(model, device, decode_overrides(locals()))
+        translator = Translator.load(model, device, decode)
     scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output)
     if as_json:
         typer.echo(json.dumps(scores.as_dict()))

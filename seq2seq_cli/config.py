@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write_text
 from seq2seq_cli.ids import BOS
 
 
@@ -328,6 +329,4 @@ def dump_config(config: Config) -> str:
 
 
 def save_config(config: Config, path: Path) -> None:
-    from seq2seq_cli.checkpoint import atomic_write_text
-
     atomic_write_text(path, dump_config(config))

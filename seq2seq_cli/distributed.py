@@ -42,10 +42,13 @@ def _env_int(name: str, default: int) -> int:
         raise UserError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
 
 
-def pick_device(name: str, local_rank: int) -> torch.device:
-    """train.device -> the device of this process; with CUDA, GPU number `local_rank`."""
+def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -> torch.device:
+    """A device setting (auto, cpu, cuda) -> the device of this process; with CUDA, GPU number
+    `local_rank`. `setting` names the option in errors: train.device, or --device."""
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device=cuda but no CUDA device is available; use train.device=auto or cpu")
+        given = f"{setting} {name}" if setting.startswith("-") else f"{setting}={name}"
+        use = f"{setting} auto" if setting.startswith("-") else f"{setting}=auto"
+        raise UserError(f"{given} but no CUDA device is available; use {use} or cpu")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.translate import Translator, read_lines, write_lines
+from seq2seq_cli.fileio import read_lines, write_lines
+from seq2seq_cli.translate import Translator
 
 
 @dataclass

@@ -11,7 +11,6 @@ row without two columns, a JSONL line that is not an object or lacks a field.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pyarrow.compute as pc
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import check_utf8
 
 READ_BATCH = 1000
 
@@ -68,21 +68,6 @@ def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto")
     return Source("text", tuple(files))
 
 
-def _open_bytes(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def _first_bad_utf8(path: Path) -> tuple[int, int, str]:
-    """(line number, byte offset in the line, reason) of the first invalid UTF-8 in a file."""
-    with _open_bytes(path) as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return number, exc.start, exc.reason
-    return 0, 0, "unknown"
-
-
 def quiet_datasets():
     import datasets
 
@@ -108,8 +93,8 @@ def _load_lines(path: Path, cache_dir: Path | None):
             if isinstance(exc, (OSError, EOFError)):  # e.g. a damaged .gz file
                 raise UserError(f"{path}: could not be read ({exc})") from None
             raise
-        line, offset, reason = _first_bad_utf8(path)
-        raise UserError(f"{path}:{line}: invalid UTF-8 at byte {offset} of the line ({reason})") from None
+        check_utf8(path)  # raises with the file, line and byte of the first invalid UTF-8
+        raise UserError(f"{path}: invalid UTF-8 ({cause})") from None
 
 
 def _parse_tsv(batch: dict[str, list[str]]) -> dict[str, list[str]]:

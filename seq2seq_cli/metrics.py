@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from seq2seq_cli.checkpoint import atomic_write, atomic_write_text
+from seq2seq_cli.fileio import atomic_write, atomic_write_text
 
 
 class MetricsLog:

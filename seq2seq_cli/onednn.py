@@ -6,18 +6,39 @@ decoding shapes (a few hundred rows) 2.3-2.7x faster than that. `for_decoding`
 returns a copy of a model whose linear layers (the tied output projection included) do
 that; parameters are shared, not copied, and the model itself is left untouched.
 
-The copy is for inference only: no gradients flow through it, and it holds the weights
-as they were when it was made (make a new one after they change).
+Packing is done where the weights are fixed, once: `Translator.load` and each validation
+(`train.validation_bleu`); search decodes with whatever model it is given. The copy is for
+inference only: no gradients flow through it, and it holds the weights as they were when it
+was made (make a new one after they change).
+
+The two operators used are private to PyTorch (`torch.ops.mkldnn._reorder_linear_weight`,
+`torch.ops.mkldnn._linear_pointwise`). Every packed layer is probed against `F.linear`
+before the copy is used; where the operators are missing, fail or disagree, decoding uses
+the model as it is and the log says so, once per reason.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import logging
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seq2seq_cli.model import Seq2SeqTransformer
+
+logger = logging.getLogger(__name__)
+
+
+def _reorder(weight: Tensor) -> Tensor:
+    """(out, in) weight -> oneDNN's opaque blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class PackedLinear(nn.Module):
@@ -25,45 +46,82 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque (out, in)
+        self.packed = _reorder(weight.detach())  # opaque (out, in)
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return _linear(x, self.packed, self.bias)
 
 
-def available(model: nn.Module) -> bool:
-    """oneDNN decoding applies to an fp32 Seq2SeqTransformer on CPU in a PyTorch with oneDNN."""
+def applies(model: object) -> bool:
+    """Packing is meant for an fp32 Seq2SeqTransformer on CPU that is not packed already."""
     if not isinstance(model, Seq2SeqTransformer) or getattr(model, "packed_for_decoding", False):
         return False
     p = model.tgt_embed.tokens.weight
-    return (
-        p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    return p.device.type == "cpu" and p.dtype == torch.float32
+
+
+def missing() -> str | None:
+    """Why this PyTorch cannot run linear layers through oneDNN, or None when it can."""
+    if not torch.backends.mkldnn.is_available():
+        return "this PyTorch is built without oneDNN"
+    for op in ("_reorder_linear_weight", "_linear_pointwise"):
+        if not hasattr(torch.ops.mkldnn, op):
+            return f"this PyTorch has no torch.ops.mkldnn.{op}"
+    return None
+
+
+def available(model: object) -> bool:
+    """oneDNN decoding applies to `model` (see `applies`) and this PyTorch supports it."""
+    return applies(model) and missing() is None
+
+
+@functools.cache
+def _say_unavailable(reason: str) -> None:
+    """Log, once per reason, that decoding on CPU goes without oneDNN."""
+    logger.warning("warning: linear layers through oneDNN unavailable (%s); decoding on CPU without them", reason)
 
 
 def for_decoding(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
     """A copy of `model` whose linear layers run through oneDNN (see the module docstring),
-    or `model` itself where that does not apply (GPU, other dtypes, no oneDNN, or if a
-    packed layer does not reproduce F.linear on a probe)."""
-    if not available(model):
+    or `model` itself where that does not apply (GPU, other dtypes, packed already) or is
+    not available: no oneDNN, an operator that fails, or a packed layer that does not
+    reproduce F.linear on a probe (the last two logged once)."""
+    if not applies(model):
         return model
+    reason = missing()
+    if reason is None:
+        fast, reason = _packed_copy(model)
+        if fast is not None:
+            return fast
+    _say_unavailable(reason)
+    return model
+
+
+def _packed_copy(model: Seq2SeqTransformer) -> tuple[Seq2SeqTransformer | None, str]:
+    """(the packed copy, "") or (None, why not). Each packed layer is probed against the
+    F.linear of its own weight and bias."""
     shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # share, do not copy, tensors
     fast = copy.deepcopy(model, memo=shared)
+    probe = torch.Generator().manual_seed(0)
     try:
         with torch.no_grad():
-            for parent in list(fast.modules()):
+            packed: list[tuple[str, nn.Module, Tensor, Tensor | None]] = []
+            for parent_name, parent in list(fast.named_modules()):
                 for name, child in list(parent.named_children()):
                     if type(child) is nn.Linear:
-                        setattr(parent, name, PackedLinear(child.weight, child.bias))
-            if fast.output is None:  # tied: the target embedding is the output projection
-                fast.output = PackedLinear(fast.tgt_embed.tokens.weight, None)
-            layer = model.decoder[0].self_attn.w_q  # a cheap probe of one packed layer against F.linear
-            probe = torch.randn(2, layer.in_features, generator=torch.Generator().manual_seed(0))
-            if not torch.allclose(fast.decoder[0].self_attn.w_q(probe), layer(probe), atol=1e-5, rtol=1e-4):
-                return model
-    except RuntimeError:  # an op missing or changed in this PyTorch build
-        return model
-    fast.packed_for_decoding = True
-    return fast
+                        replacement = PackedLinear(child.weight, child.bias)
+                        setattr(parent, name, replacement)
+                        packed.append((f"{parent_name}.{name}".lstrip("."), replacement, child.weight, child.bias))
+            if fast.output is None:  # tied: the target embedding is the output projection (no bias)
+                output = PackedLinear(fast.tgt_embed.tokens.weight, None)
+                fast.output = output  # type: ignore[assignment]
+                packed.append(("output (tied)", output, fast.tgt_embed.tokens.weight, None))
+            for name, layer, weight, bias in packed:
+                x = torch.randn(2, weight.size(1), generator=probe)
+                if not torch.allclose(layer(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-4):
+                    return None, f"the packed layer {name} does not reproduce F.linear"
+    except RuntimeError as exc:  # an operator missing or changed in this PyTorch build
+        return None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    fast.packed_for_decoding = True  # type: ignore[assignment]
+    return fast, ""

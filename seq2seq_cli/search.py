@@ -11,7 +11,7 @@ Every search decodes a whole batch at once; sentences that are finished leave th
 output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
 which EOS is forced; with min_len, EOS is banned before that many tokens.
 
-On CPU the searches decode with a copy of the model whose linear layers run through oneDNN
+The searches decode with the model they are given: the callers pack it for oneDNN once
 (`seq2seq_cli/onednn.py`); the decoder's self-attention cache is allocated once per search.
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
@@ -31,7 +31,6 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.ids import EOS, PAD, UNK
 from seq2seq_cli.kv_cache import DecoderState
 from seq2seq_cli.model import Seq2SeqTransformer
-from seq2seq_cli.onednn import for_decoding
 
 NEG_INF = float("-inf")
 
@@ -118,7 +117,6 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with `generator`."""
-    model = for_decoding(model)  # linear layers through oneDNN on CPU
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
     B, device = src.size(0), src.device
@@ -176,7 +174,6 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
     K = opts.beam_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
-    model = for_decoding(model)  # linear layers through oneDNN on CPU
     B, device = src.size(0), src.device
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)

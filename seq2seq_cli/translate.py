@@ -13,24 +13,33 @@ search itself stays on the fast path.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
-from seq2seq_cli.checkpoint import atomic_write, load_checkpoint
+from seq2seq_cli.checkpoint import load_checkpoint
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data import pad_batch, token_batches
+from seq2seq_cli.distributed import pick_device
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
+from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.tokenizer import load_tokenizers
+
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
+
+CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 
 
 @dataclass
@@ -45,21 +54,13 @@ class OutputOptions:
     attention_head: int | None = None  # None = mean over heads
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but no CUDA device is available; use --device auto or cpu")
-    return torch.device(name)
-
-
 @dataclass
 class Translator:
     """A loaded run: model, tokenizers and the decoding options to use."""
 
     model: Seq2SeqTransformer
-    src_sp: object
-    tgt_sp: object
+    src_sp: SentencePieceProcessor
+    tgt_sp: SentencePieceProcessor
     decode: DecodeConfig
     device: torch.device
 
@@ -67,7 +68,7 @@ class Translator:
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
         """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
         decode settings and are validated like the config."""
-        dev = pick_device(device)
+        dev = pick_device(device, setting="--device")
         model, config, run_dir, _ = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
         settings = config.decode.model_dump()
@@ -83,14 +84,22 @@ class Translator:
         limit = self.model.cfg.max_positions - 1
         return [s[: limit - 1] + [EOS] for s in self.src_sp.encode(lines)]
 
-    def translate_hypotheses(self, lines: list[str], nbest: int = 1) -> list[list[Hypothesis]]:
-        """Decode a list of sentences -> their n-best hypotheses, in input order."""
+    def translate_hypotheses(
+        self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None
+    ) -> list[list[Hypothesis]]:
+        """Decode a list of sentences -> their n-best hypotheses, in input order.
+
+        `ids` are the lines already encoded (`encode`); `progress` advances by the sentences of
+        each decoded batch (blank lines, which are not decoded, at once)."""
         d = self.decode
         if not d.sampling and nbest > d.beam_size:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
-        ids = self.encode(lines)
+        if ids is None:
+            ids = self.encode(lines)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
+        if progress is not None and len(todo) < len(lines):
+            progress.update(len(lines) - len(todo))
         lens = np.array([len(ids[i]) for i in todo], dtype=np.int64)
         budget = max(d.batch_tokens // max(d.beam_size, nbest), 1)
         for batch in token_batches(lens, lens, budget):
@@ -98,6 +107,8 @@ class Translator:
             src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
             for i, hyps in zip(rows, search(self.model, src, d, nbest)):
                 out[i] = hyps
+            if progress is not None:
+                progress.update(len(rows))
         return out
 
     def translate(self, lines: list[str]) -> list[str]:
@@ -153,19 +164,17 @@ class Translator:
         return lines
 
     def translate_stream(
-        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = 10000, progress: object | None = None
+        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None
     ) -> Iterator[str]:
         """Translate an iterable of lines chunk by chunk; yields the output lines in order.
-        `progress` (a tqdm bar) advances by each translated chunk."""
+        `progress` (a tqdm bar) advances by the sentences of each decoded batch."""
         it = iter(lines)
         done = 0
         while chunk := [line.rstrip("\r\n") for line in islice(it, chunk_lines)]:
             ids = self.encode(chunk)
-            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest)):
+            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress)):
                 yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
             done += len(chunk)
-            if progress is not None:
-                progress.update(len(chunk))
 
 
 def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path) -> None:
@@ -188,87 +197,32 @@ def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]
     plt.close(fig)
 
 
-def check_text_file(path: Path) -> int:
-    """Check that `path` is a readable UTF-8 text file, one pass in bounded memory -> its line count.
-
-    Errors name the file, and for bad UTF-8 the line and the byte offset within it.
-    """
-    if path.is_dir():
-        raise UserError(f"{path}: cannot read (a directory, expected a text file)")
-    if not path.exists():
-        raise UserError(f"{path}: input file not found")
-    count = 0
-    try:
-        with open(path, "rb") as f:
-            for count, raw in enumerate(f, start=1):
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise UserError(f"{path}:{count}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    return count
-
-
-def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a checked UTF-8 file (see `check_text_file`), without their newline, one at a time."""
-    with open(path, "rb") as f:
-        for raw in f:
-            yield raw.decode("utf-8").removesuffix("\n")
-
-
-def read_lines(path: Path) -> list[str]:
-    """All lines of a UTF-8 text file, with a clear error for a missing file or bad encoding."""
-    check_text_file(path)
-    return list(iter_lines(path))
-
-
-def write_lines(path: Path, lines: Iterable[str]) -> int:
-    """Write lines to `path` atomically (temp file, then rename); returns the number written."""
-    if not path.parent.is_dir():
-        raise UserError(f"{path}: output directory {path.parent} does not exist")
-    count = 0
-
-    def write(tmp: str) -> None:
-        nonlocal count
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-                count += 1
-
-    atomic_write(path, write)
-    return count
-
-
 def translate_file(translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True) -> int:
     """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of output lines.
 
-    A terminal on stdin is answered line by line; files and pipes go in large chunks.
+    A terminal on stdin is answered line by line; files and pipes go in chunks of CHUNK_LINES.
+    A file `out` is replaced only once every line is translated (see `write_lines`).
     """
-    from tqdm import tqdm
-
     opts = opts or OutputOptions()
     if out != "-" and not Path(out).parent.is_dir():
         raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
     if src == "-":
         stream: Iterable[str] = sys.stdin
-        chunk = 1 if sys.stdin.isatty() else 10000
+        chunk = 1 if sys.stdin.isatty() else CHUNK_LINES
         total: int | None = None
     else:
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
         stream = iter_lines(Path(src))
-        chunk = 10000
-    bar = tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr)
-    outputs = translator.translate_stream(stream, opts, chunk, bar)
-    if out != "-":
-        count = write_lines(Path(out), outputs)
-        bar.close()
+        chunk = CHUNK_LINES
+    with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
+        outputs = translator.translate_stream(stream, opts, chunk, bar)
+        if out != "-":
+            return write_lines(Path(out), outputs)
+        count = 0
+        sink: TextIO = sys.stdout
+        for line in outputs:
+            sink.write(line + "\n")
+            if chunk == 1:
+                sink.flush()
+            count += 1
         return count
-    count = 0
-    sink: TextIO = sys.stdout
-    for line in outputs:
-        sink.write(line + "\n")
-        if chunk == 1:
-            sink.flush()
-        count += 1
-    return count

@@ -1,4 +1,4 @@
-"""The four commands end to end through typer's CliRunner, and their one-line errors."""
+"""The commands end to end through typer's CliRunner, their help, and their one-line errors."""
 
 import json
 from pathlib import Path
@@ -116,3 +116,63 @@ def test_help_lists_commands_and_documents_options():
     r = invoke("translate", "--help")
     for option in ("--model", "--input", "--output", "--beam-size", "--length-penalty", "--max-len-a", "--max-len-b"):
         assert option in r.stdout
+
+
+def _commands():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    return group, sorted(group.commands.items())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("width_from", ["terminal_width", "COLUMNS"])
+def test_help_prints_every_option_name_whole_at_80_columns(width_from):
+    _, commands = _commands()
+    assert len(commands) == 8
+    for name, command in commands:
+        if width_from == "terminal_width":
+            r = runner.invoke(app, [name, "--help"], terminal_width=80)
+        else:
+            r = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, r.output
+        assert max(len(line) for line in r.stdout.splitlines()) <= 80, r.stdout
+        words = set(r.stdout.replace(",", " ").split())
+        for param in command.params:
+            for opt in [*param.opts, *param.secondary_opts]:
+                assert opt in words, f"seq2seq {name} --help: {opt} not printed whole\n{r.stdout}"
+        assert "<bool>" not in r.stdout and "BOOLEAN" not in r.stdout
+
+
+def test_decoding_flags_are_decoconfigs_fields_on_both_commands():
+    from seq2seq_cli.config import DecodeConfig
+
+    _, commands = _commands()
+    commands = dict(commands)
+    for name in ("translate", "evaluate"):
+        params = {p.name: p for p in commands[name].params}
+        assert set(DecodeConfig.model_fields) <= set(params)
+        assert "decode" not in params
+        assert params["beam_size"].opts == ["--beam-size", "-b"]
+        assert params["ban_unk"].secondary_opts == ["--allow-unk"]
+        assert params["max_len_b"].min == 0 and params["batch_tokens"].min == 1 and params["top_p"].min is None
+        assert all(params[f].default is None for f in DecodeConfig.model_fields)
+
+
+def test_decoding_flags_reach_the_translator_by_config_key(monkeypatch, tmp_path):
+    import seq2seq_cli.translate as translate_module
+
+    seen = []
+
+    def load(model, device="auto", overrides=None):
+        seen.append(overrides)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(translate_module.Translator, "load", staticmethod(load))
+    r = invoke("translate", "-m", tmp_path, "-b", "3", "--top-p", "0.5", "--allow-unk", "--length-penalty-type", "gnmt")
+    assert r.exit_code == 0, r.output
+    r = invoke("evaluate", "-m", tmp_path, "--src", tmp_path / "s", "--ref", tmp_path / "r", "--no-repeat-ngram-size", "2")
+    assert r.exit_code == 0, r.output
+    assert seen == [
+        {"beam_size": 3, "top_p": 0.5, "ban_unk": False, "length_penalty_type": "gnmt"},
+        {"no_repeat_ngram_size": 2},
+    ]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
+from conftest import REPO, SHIPPED
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
@@ -177,18 +177,35 @@ def test_bad_input_is_one_line_with_its_exit_code(ws, case):
 
 def test_every_case_is_documented():
     table = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.M))
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.MULTILINE))
     assert documented == set(CASES)
     assert len(CASES) >= 15
 
 
-def test_failed_translation_leaves_an_existing_output_untouched(ws):
+def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch):
+    """Interrupted after the first chunk's lines went to the output: the old file stays whole."""
+    import seq2seq_cli.translate as translate_module
+
     out = ws / "keep.txt"
     out.write_text("earlier results\n", encoding="utf-8")
-    result = runner.invoke(app, ["translate", "-m", str(ws / "run"), "-i", str(ws / "latin1.es"), "-o", str(out)])
-    if not (ws / "latin1.es").exists():  # the UTF-8 case not run first: make the file here
-        (ws / "latin1.es").write_bytes(b"uno\nni\xf1o\n")
-        result = runner.invoke(app, ["translate", "-m", str(ws / "run"), "-i", str(ws / "latin1.es"), "-o", str(out)])
-    assert result.exit_code == 1 and "latin1.es:2: invalid UTF-8" in result.stderr
+    src = ws / "six.txt"
+    src.write_text("uno\ndos\ntres\ncuatro\ncinco\nseis\n", encoding="utf-8")
+    real_search = translate_module.search
+    calls = []
+    written = []
+
+    def search_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # the second chunk: the first one's lines have gone to the output
+            written.extend(ws.glob(".keep.txt.*.tmp"))
+            raise KeyboardInterrupt
+        return real_search(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
+    monkeypatch.setattr(translate_module, "search", search_then_interrupt)
+    args = ["translate", "-m", str(ws / "run"), "-i", str(src), "-o", str(out), "--batch-tokens", "100000", "--no-progress"]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0 and len(calls) == 2
+    assert len(written) == 1  # the first chunk's lines were being written when it stopped
     assert out.read_text(encoding="utf-8") == "earlier results\n"
-    assert [p.name for p in ws.iterdir() if p.name.startswith("keep.txt")] == ["keep.txt"]  # no temp file left
+    assert [p.name for p in ws.iterdir() if p.name.startswith(("keep.txt", ".keep.txt"))] == ["keep.txt"]  # no temp file left

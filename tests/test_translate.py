@@ -2,12 +2,13 @@
 
 import random
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
+from conftest import REPO, SHIPPED
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
@@ -109,3 +110,74 @@ def test_output_directory_missing_is_a_one_line_error(run_dir, tmp_path):
     assert r.exit_code != 0
     assert r.stderr.strip() == f"error: {out}: output directory {out.parent} does not exist"
     assert not out.parent.exists()
+
+
+class Recorder:
+    """Stands in for a tqdm bar: records each update and whether it was closed."""
+
+    instances: ClassVar[list["Recorder"]] = []
+
+    def __init__(self, *args, **kwargs):
+        self.updates: list[int] = []
+        self.closed = False
+        Recorder.instances.append(self)
+
+    def update(self, n: int = 1) -> None:
+        self.updates.append(n)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CountingEncoder:
+    """A SentencePiece processor that records the number of lines of each encode call."""
+
+    def __init__(self, sp):
+        self.sp, self.calls = sp, []
+
+    def __getattr__(self, name):
+        return getattr(self.sp, name)
+
+    def encode(self, lines, **kwargs):
+        self.calls.append(len(lines))
+        return self.sp.encode(lines, **kwargs)
+
+
+def test_each_chunk_is_encoded_once(run_dir, sentences):
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 1})
+    tr.src_sp = counting = CountingEncoder(tr.src_sp)
+    rows = list(tr.translate_stream(sentences[:10], OutputOptions(), chunk_lines=4))
+    assert len(rows) == 10
+    assert counting.calls == [4, 4, 2]  # one call per chunk, each chunk once
+
+
+def test_progress_advances_per_decoded_batch(run_dir, sentences):
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 1, "batch_tokens": 40})
+    lines = sentences[:12]
+    lines[3] = ""
+    bar = Recorder()
+    rows = list(tr.translate_stream(lines, OutputOptions(), chunk_lines=10000, progress=bar))
+    assert len(rows) == 12
+    assert sum(bar.updates) == 12
+    assert len(bar.updates) > 3 and max(bar.updates) < 11  # many batches in one chunk, each counted as decoded
+
+
+@pytest.mark.parametrize("to_stdout", [True, False])
+def test_the_progress_bar_is_closed(run_dir, sentences, tmp_path, monkeypatch, to_stdout):
+    import seq2seq_cli.translate as translate_module
+
+    Recorder.instances.clear()
+    monkeypatch.setattr(translate_module, "tqdm", Recorder)
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(sentences[:3]) + "\n", encoding="utf-8")
+    out = "-" if to_stdout else str(tmp_path / "out.en")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", out, "--beam-size", "1"])
+    assert r.exit_code == 0, r.output
+    (bar,) = Recorder.instances
+    assert bar.closed and sum(bar.updates) == 3

@@ -1,0 +1,112 @@
+"""Files on disk: atomic writes, and UTF-8 text read and written line by line.
+
+Every file the tool writes goes through `atomic_write` (temp file, fsync, rename), so a
+reader sees the old file or the new one, never half of one. Text input is checked by one
+scanner, `check_utf8`, whose error names the file, the line and the byte offset of the
+first invalid UTF-8 in it. A name ending in `.gz` is read through gzip.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from seq2seq_cli.errors import UserError
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    atomic_write(path, write)
+
+
+def open_bytes(path: Path) -> BinaryIO:
+    """`path` opened for reading bytes, decompressed when its name ends in .gz."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
+
+
+def check_utf8(path: Path) -> int:
+    """Read `path` once, in bounded memory -> its number of lines.
+
+    Raises UserError `PATH:LINE: invalid UTF-8 at byte OFFSET of the line (REASON)` at the
+    first line that is not valid UTF-8 (lines and offsets counted from 1 and 0).
+    """
+    count = 0
+    with open_bytes(path) as f:
+        for count, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{path}:{count}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
+    return count
+
+
+def check_text_file(path: Path) -> int:
+    """Check that `path` is a readable UTF-8 text file (see `check_utf8`) -> its line count."""
+    if path.is_dir():
+        raise UserError(f"{path}: cannot read (a directory, expected a text file)")
+    if not path.exists():
+        raise UserError(f"{path}: input file not found")
+    try:
+        return check_utf8(path)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of a checked UTF-8 file (see `check_text_file`), without their newline, one at a time."""
+    with open_bytes(path) as f:
+        for raw in f:
+            yield raw.decode("utf-8").removesuffix("\n")
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a UTF-8 text file, with a clear error for a missing file or bad encoding."""
+    check_text_file(path)
+    return list(iter_lines(path))
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> int:
+    """Write lines to `path` atomically (temp file, then rename) -> the number written.
+
+    `lines` may be a generator: if it raises, the file at `path` is left as it was.
+    """
+    if not path.parent.is_dir():
+        raise UserError(f"{path}: output directory {path.parent} does not exist")
+    count = 0
+
+    def write(tmp: str) -> None:
+        nonlocal count
+        with open(tmp, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line + "\n")
+                count += 1
+
+    atomic_write(path, write)
+    return count

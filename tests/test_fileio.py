@@ -1,0 +1,92 @@
+"""Atomic writes and the UTF-8 line reading shared by the data reader, translate and evaluate."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import (
+    atomic_write,
+    atomic_write_text,
+    check_text_file,
+    check_utf8,
+    iter_lines,
+    read_lines,
+    write_lines,
+)
+
+
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "f.txt"
+    atomic_write_text(path, "old\n")
+
+    def half_then_fail(tmp: str) -> None:
+        Path(tmp).write_text("ne", encoding="utf-8")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        atomic_write(path, half_then_fail)
+    assert path.read_text(encoding="utf-8") == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+    atomic_write_text(path, "new\n")
+    assert path.read_text(encoding="utf-8") == "new\n"
+
+
+def test_write_lines_from_a_failing_generator_keeps_the_old_file(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("earlier\n", encoding="utf-8")
+
+    def lines():
+        yield "a"
+        yield "b"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_lines(path, lines())
+    assert path.read_text(encoding="utf-8") == "earlier\n"
+    assert write_lines(path, iter(["x", "", "y"])) == 3
+    assert read_lines(path) == ["x", "", "y"]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_the_first_invalid_utf8_is_named_by_file_line_and_byte(tmp_path, compress):
+    data = "uno\nniño\n".encode() + b"tr\xe8s\nbad \xff\n"
+    path = tmp_path / ("f.txt.gz" if compress else "f.txt")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with pytest.raises(UserError) as err:
+        check_utf8(path)
+    assert str(err.value) == f"{path}:3: invalid UTF-8 at byte 2 of the line (invalid continuation byte)"
+
+
+def test_line_count_and_lines(tmp_path):
+    path = tmp_path / "f.txt"
+    path.write_bytes("a\n\nñ\r\nlast".encode())
+    assert check_text_file(path) == 4
+    assert list(iter_lines(path)) == ["a", "", "ñ\r", "last"]
+    gz = tmp_path / "f.txt.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_lines(gz) == read_lines(path)
+
+
+def test_missing_and_unreadable_inputs(tmp_path):
+    with pytest.raises(UserError, match="input file not found"):
+        check_text_file(tmp_path / "absent.txt")
+    with pytest.raises(UserError, match="a directory, expected a text file"):
+        check_text_file(tmp_path)
+    fake = tmp_path / "plain.gz"
+    fake.write_text("not gzip\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"plain.gz: cannot read \("):
+        check_text_file(fake)
+    with pytest.raises(UserError, match="output directory .* does not exist"):
+        write_lines(tmp_path / "no" / "out.txt", ["a"])
+
+
+def test_config_and_checkpoint_import_without_a_cycle():
+    import subprocess
+    import sys
+
+    code = "import seq2seq_cli.config, sys; assert 'seq2seq_cli.checkpoint' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
