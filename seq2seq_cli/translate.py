@@ -24,7 +24,7 @@ from torch import Tensor
 
 from seq2seq_cli.checkpoint import atomic_write, load_checkpoint
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.data import pad_batch, token_batches
+from seq2seq_cli.batching import pad_batch, token_batches
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding

@@ -3,7 +3,7 @@
 import torch
 
 from seq2seq_cli.config import DecodeConfig, ModelConfig
-from seq2seq_cli.data import pad_batch
+from seq2seq_cli.batching import pad_batch
 from seq2seq_cli.model import build_model
 from seq2seq_cli.search import beam_search, greedy_search
 from seq2seq_cli.ids import BOS, EOS
