@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from seq2seq_cli.data import collate, EncodedCorpus, epoch_batches, pad_batch, read_parallel, token_batches
+from seq2seq_cli.batching import collate, epoch_batches, pad_batch, token_batches
+from seq2seq_cli.encoding import EncodedCorpus
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.ids import BOS, EOS, PAD
 
 
@@ -65,10 +67,12 @@ def test_epoch_batches_depend_only_on_seed_and_epoch():
 
 def test_collate_literal():
     corpus = EncodedCorpus.from_lists([[7, 8], [9]], [[10], [11, 12, 13]])
-    src, tgt_in, tgt_out = collate(corpus, np.array([0, 1]))
+    batch = collate(corpus, np.array([0, 1]))
+    src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
     assert src.tolist() == [[7, 8, EOS], [9, EOS, PAD]]
     assert tgt_in.tolist() == [[BOS, 10, PAD, PAD], [BOS, 11, 12, 13]]
     assert tgt_out.tolist() == [[10, EOS, PAD, PAD], [11, 12, 13, EOS]]
+    assert (batch.src_tokens, batch.tgt_tokens) == (int((src != PAD).sum()), int((tgt_out != PAD).sum())) == (5, 6)
 
 
 def test_collate_gathers_rows_across_arrow_chunks_in_order():
@@ -82,7 +86,7 @@ def test_collate_gathers_rows_across_arrow_chunks_in_order():
     index = np.random.default_rng(0).permutation(40)[:17]
     expected = [pad_batch([src[i] for i in index], [], [EOS]), pad_batch([tgt[i] for i in index], [BOS], [])]
     got = collate(chunked, index)
-    assert got[0].tolist() == expected[0].tolist() and got[1].tolist() == expected[1].tolist()
+    assert got.src.tolist() == expected[0].tolist() and got.tgt_in.tolist() == expected[1].tolist()
 
 
 @pytest.mark.parametrize("src,tgt,where", [
@@ -91,7 +95,7 @@ def test_collate_gathers_rows_across_arrow_chunks_in_order():
 ])
 def test_blank_lines_name_the_first_pair(tmp_path, src, tgt, where):
     from seq2seq_cli.config import DataConfig
-    from seq2seq_cli.data import check_no_empty_lines
+    from seq2seq_cli.encoding import check_no_empty_lines
 
     prefix = _write_pair(tmp_path, src, tgt)
     d = DataConfig(train=prefix, src_lang="es", tgt_lang="en", on_empty="error")

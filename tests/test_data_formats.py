@@ -267,4 +267,4 @@ def test_cached_corpus_is_memory_mapped_and_its_pages_can_be_released(tmp_path, 
     again = collate(corpus, index)
     assert (again.src.tolist(), again.tgt_in.tolist(), again.tgt_out.tolist()) == \
         (first.src.tolist(), first.tgt_in.tolist(), first.tgt_out.tolist())
-    assert first[0][0, : len(sp.encode(ES[-1])) + 1].tolist() == sp.encode(ES[-1]) + [EOS]
+    assert first.src[0, : len(sp.encode(ES[-1])) + 1].tolist() == sp.encode(ES[-1]) + [EOS]

@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import TrainConfig, load_config
-from seq2seq_cli.data import collate, encode_corpus, epoch_batches, read_parallel
+from seq2seq_cli.batching import collate, epoch_batches
+from seq2seq_cli.encoding import encode_corpus
+from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.model import build_model
 from seq2seq_cli.tokenizer import load_tokenizers
 from seq2seq_cli.train import label_smoothed_nll, learning_rate, make_optimizer
@@ -55,8 +57,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     opt = make_optimizer(model, config.train, torch.device("cpu"))  # the optimizer training uses
     for group in opt.param_groups:
         group["lr"] = learning_rate(1, config.train)
-    src, tgt_in, tgt_out = collate(data, np.concatenate([b1, b2]))
-    loss, _, n = label_smoothed_nll(model(src, tgt_in), tgt_out, config.train.label_smoothing)
+    batch = collate(data, np.concatenate([b1, b2]))
+    loss, _, n = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, config.train.label_smoothing)
     (loss / n).backward()
     opt.step()
     trained = load_file(str(run / "checkpoints" / "last.safetensors"))
