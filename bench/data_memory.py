@@ -6,7 +6,7 @@
    checking and encoding the corpus into the Arrow cache; a second run on the same directory
    (cache reused) is measured too. Training memory should not grow with the corpus.
 2. Encoding throughput: the shipped corpus repeated to 1M pairs, read + checked + encoded +
-   filtered + cached (`data.encoded_split`, SentencePiece already trained), in pairs/s.
+   filtered + cached (`encoding.encoded_split`, SentencePiece already trained), in pairs/s.
 
     .venv/bin/python bench/data_memory.py [--repeat 20] [--steps 50] [--pairs 1000000] [--num-proc 1 2]
 """
@@ -106,7 +106,7 @@ def main() -> None:
 
         million = repeat_corpus(tmp / "million", pairs=args.pairs) if args.pairs else ""
         src_sp, tgt_sp = load_tokenizers(tok.run_path, True)
-        from seq2seq_cli.data import encoded_split
+        from seq2seq_cli.encoding import encoded_split
 
         for proc in args.num_proc if args.pairs else []:
             cfg = Config(name="enc", run_dir=str(tmp / f"enc{proc}"),

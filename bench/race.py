@@ -36,7 +36,7 @@ from seq2seq_cli.ids import BOS, EOS, PAD
 
 
 def corpora(config: Config):
-    from seq2seq_cli.data import encoded_split
+    from seq2seq_cli.encoding import encoded_split
     from seq2seq_cli.tokenizer import load_tokenizers
 
     src_sp, tgt_sp = load_tokenizers(config.run_path, config.tokenizer.joint)
@@ -47,7 +47,7 @@ def corpora(config: Config):
 
 def update_tokens(config: Config, train, updates: int) -> int:
     """Non-pad source + target tokens of the first `updates` updates (one batch each)."""
-    from seq2seq_cli.data import epoch_batches
+    from seq2seq_cli.batching import epoch_batches
 
     t, total, epoch = config.train, 0, 0
     while updates > 0:
@@ -99,8 +99,9 @@ def hf_model(config: Config, vocab: int):
 
 
 def run_hf(config: Config) -> dict:
-    from seq2seq_cli.data import collate, epoch_batches
-    from seq2seq_cli.train import label_smoothed_nll, learning_rate, make_optimizer
+    from seq2seq_cli.batching import collate, epoch_batches
+    from seq2seq_cli.loss import label_smoothed_nll
+    from seq2seq_cli.train import learning_rate, make_optimizer
 
     t = config.train
     src_sp, tgt_sp, train, _ = corpora(config)
@@ -115,7 +116,8 @@ def run_hf(config: Config) -> dict:
         for b in epoch_batches(train, t.max_tokens, t.seed, epoch):
             if step >= (t.max_steps or math.inf) or time.time() - start >= budget:
                 break
-            src, tgt_in, tgt_out = collate(train, b)
+            batch = collate(train, b)
+            src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step + 1, t)
             optimizer.zero_grad(set_to_none=True)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from shapes import add_shape_arguments, hf_marian, our_model
 
 from seq2seq_cli.config import TrainConfig
-from seq2seq_cli.train import label_smoothed_nll, make_optimizer
+from seq2seq_cli.loss import label_smoothed_nll
+from seq2seq_cli.train import make_optimizer
 
 
 class TorchTransformer(torch.nn.Module):

@@ -6,7 +6,7 @@ exactly when its manifest exists and the hashes match.
 Layout inside a run directory:
     checkpoints/step-00001000.{safetensors,state.pt,json}   the last `train.keep_last` saves
     checkpoints/last.{safetensors,state.pt,json}            the newest save (hard links)
-    checkpoints/best.{safetensors,json}                     lowest validation loss so far
+    checkpoints/best.{safetensors,json}                     best validation so far (train.best_metric: nll or BLEU)
     checkpoints/average-last-N.safetensors                  written by `seq2seq average`
 
 NAME.safetensors holds the weights and metadata (format version, config, vocabulary sizes,

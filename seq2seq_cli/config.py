@@ -124,7 +124,7 @@ class TrainConfig(Section):
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto = bf16 on CUDA, fp32 on CPU; fp16 uses a dynamic loss scaler"
+        "auto", description="auto = bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX), else fp32; fp16 uses a dynamic loss scaler"
     )
     threads: int | None = Field(None, ge=1, description="CPU threads; default all cores")
     max_tokens: int = Field(4096, ge=1, description="source or target tokens per batch, padding included")

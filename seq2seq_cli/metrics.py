@@ -65,7 +65,8 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
     """Training loss / validation nll, validation BLEU and learning rate, against steps (top)
-    and wall-clock minutes (bottom), as one PNG."""
+    and wall-clock minutes (bottom), as one PNG. A panel is drawn only for what was measured
+    (no BLEU panel when validation BLEU is off)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,7 +79,10 @@ def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
         ("valid BLEU", [(valid, "valid_bleu", "valid BLEU")]),
         ("learning rate", [(train, "lr", "lr")]),
     ]
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    panels = [(title, series) for title, series in panels if any(key in r for rows, key, _ in series for r in rows)]
+    if not panels:
+        return
+    fig, axes = plt.subplots(2, len(panels), figsize=(13 * len(panels) / 3, 7), squeeze=False)
     for row, (x_key, x_label) in enumerate((("step", "step"), ("elapsed_s", "minutes"))):
         for col, (title, series) in enumerate(panels):
             ax = axes[row][col]

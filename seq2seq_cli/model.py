@@ -41,6 +41,17 @@ def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     return out, weights
 
 
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """softmax(Q K^T / sqrt(Dk) + mask) V through torch's fused kernel; shapes as in
+    `attention_with_weights`. bf16 attention on a CPU runs in float32: there torch's bf16
+    attention kernels (forward and backward) are slower than its float32 ones."""
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_H) W_O, head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i)."""
 
@@ -69,7 +80,7 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             out, weights = attention_with_weights(q, k, v, mask, p)
         else:
-            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
+            out, weights = scaled_dot_product_attention(q, k, v, mask, p), None
         B, H, T, Dv = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * Dv)  # (B, T, H*Dv)
         return self.w_o(out), weights

@@ -3,6 +3,11 @@
 text files -> tokenizer -> encoded pairs -> token-budget batches -> model -> label-smoothed
 cross-entropy -> Adam with inverse-sqrt warmup -> checkpoints and metrics.jsonl.
 
+`setup_run` builds what a run needs (data, tokenizer, model, optimizer, the `TrainState`,
+fresh or resumed); `train` then loops over `one_update`, `log_progress`, `validate_and_save`
+and `should_stop`. `TrainState` is the record of where training stands: its `state_dict()`
+is what a checkpoint's training state holds, beside the optimizer's and the scaler's.
+
 Under `torchrun` the same loop runs in every process (see `distributed.py`): the batches of
 each update are dealt out to the processes, gradients are summed across them (DDP), and
 rank 0 alone writes the run directory.
@@ -10,14 +15,18 @@ rank 0 alone writes the run directory.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import enum
 import math
 import random
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,22 +36,46 @@ from tqdm import tqdm
 
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import distributed
-from seq2seq_cli.distributed import Processes
+from seq2seq_cli.batching import Batch, collate, epoch_batches, token_batches
 from seq2seq_cli.config import Config, TrainConfig, save_config
-from seq2seq_cli.data import EncodedCorpus, check_no_empty_lines, collate, describe_drops, encoded_split, epoch_batches, token_batches
+from seq2seq_cli.distributed import Processes
+from seq2seq_cli.encoding import (
+    EncodedCorpus,
+    check_no_empty_lines,
+    describe_drops,
+    encoded_split,
+)
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_split, split_source
+from seq2seq_cli.ids import PAD
+from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.ids import PAD
 from seq2seq_cli.tokenizer import load_tokenizers, model_paths, train_tokenizer
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16)."""
+    try:
+        caps = torch._C._cpu._get_cpu_capability()
+    except (AttributeError, RuntimeError):  # a build of torch without the query: assume not
+        return False
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` -> bf16 on CUDA and on CPUs with native bf16 instructions, fp32 elsewhere."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when precision is auto or bf16, fp16 autocast for fp16; plain fp32 otherwise."""
+    """bf16 or fp16 autocast as the (resolved) precision says; plain fp32 otherwise."""
+    precision = resolve_precision(precision, device)
     if precision == "fp16":
         return torch.autocast(device.type, dtype=torch.float16)
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -64,20 +97,6 @@ def learning_rate(step: int, t: TrainConfig) -> float:
     return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-    """logits: (B, T, V), target: (B, T) -> (smoothed loss sum, nll sum, non-pad tokens), all
-    0-dim tensors on the logits' device (reading them is left to the caller: no host sync here).
-
-    loss = (1 - eps) * nll + eps * mean over the vocabulary of -log p; pad targets are ignored.
-    """
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    keep = target != PAD  # (B, T)
-    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    smooth = -lprobs.mean(dim=-1)  # (B, T)
-    loss = torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, 0.0).sum()
-    return loss, torch.where(keep, nll, 0.0).sum(), keep.sum()
-
-
 def make_optimizer(model: nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay; the fused kernel (one pass over all parameters) where
     this build of torch has one for the device."""
@@ -95,7 +114,7 @@ def my_batches(update: list[np.ndarray], procs: Processes) -> tuple[list[np.ndar
 
 
 def accumulate_gradients(
-    model: nn.Module, micro: list[tuple[Tensor, Tensor, Tensor]], weight: float, config: Config,
+    model: nn.Module, micro: list[Batch], weight: float, config: Config,
     device: torch.device, scaler: torch.amp.GradScaler, procs: Processes,
 ) -> dict[str, float] | None:
     """Forward and backward over this process's batches of one update (gradient accumulation).
@@ -107,21 +126,21 @@ def accumulate_gradients(
     batch. The host reads the device once, after the last backward. -> sums over all
     processes for logging, or None (the update must be skipped) when a loss is not finite.
     """
-    tokens = sum(float((tgt_out != PAD).sum()) for _, _, tgt_out in micro) * weight
-    src_tokens = sum(float((src != PAD).sum()) for src, _, _ in micro) * weight
+    tokens = float(sum(b.tgt_tokens for b in micro)) * weight
+    src_tokens = float(sum(b.src_tokens for b in micro)) * weight
     counts = torch.tensor([tokens, src_tokens], dtype=torch.float64, device=device if procs.world > 1 else "cpu")
     total, all_src = distributed.sum_across(procs, counts).tolist()  # (NCCL sums device tensors only)
     loss_sum = torch.zeros((), device=device)
     nll_sum = torch.zeros((), device=device)
     divisor = max(total, 1.0) / procs.world
-    for i, (src, tgt_in, tgt_out) in enumerate(micro):
-        src, tgt_in, tgt_out = (x.to(device, non_blocking=True) for x in (src, tgt_in, tgt_out))
+    for i, batch in enumerate(micro):
+        b = batch.to(device, non_blocking=True)
         # DDP sums gradients across processes in the last backward only
         last = i == len(micro) - 1
         with contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
             with autocast(device, config.train.precision):
-                logits = model(src, tgt_in)
-            loss, nll, _ = label_smoothed_nll(logits, tgt_out, config.train.label_smoothing)
+                logits = model(b.src, b.tgt_in)
+            loss, nll, _ = label_smoothed_nll(logits, b.tgt_out, config.train.label_smoothing)
             scaler.scale(loss / divisor * weight).backward()
         loss_sum += loss.detach() * weight
         nll_sum += nll.detach() * weight
@@ -131,7 +150,9 @@ def accumulate_gradients(
     return {"loss": stats[0], "nll": stats[1], "tokens": int(total), "src_tokens": int(all_src)}
 
 
-def validation_bleu(model: Seq2SeqTransformer, src_sp, tgt_sp, valid_raw, config: Config, device: torch.device) -> tuple[float, str]:
+def validation_bleu(
+    model: Seq2SeqTransformer, src_sp: Any, tgt_sp: Any, valid_raw: Any, config: Config, device: torch.device
+) -> tuple[float, str]:
     """Greedy translation of the validation sources scored with sacreBLEU -> (BLEU, signature)."""
     from seq2seq_cli.evaluate import score
     from seq2seq_cli.onednn import for_decoding
@@ -148,18 +169,19 @@ def validation_bleu(model: Seq2SeqTransformer, src_sp, tgt_sp, valid_raw, config
 
 @torch.no_grad()
 def validate(
-    model: Seq2SeqTransformer, corpus: EncodedCorpus, config: Config, device: torch.device, procs: Processes = Processes()
+    model: Seq2SeqTransformer, corpus: EncodedCorpus, config: Config, device: torch.device, procs: Processes | None = None
 ) -> dict[str, float]:
     """Validation loss, nll and perplexity; each process scores every world-th batch and the
-    sums are added up across processes."""
+    sums are added up across processes (one process when `procs` is None)."""
+    procs = procs or Processes()
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens
     batches = token_batches(corpus.src_lens, corpus.tgt_lens, config.train.max_tokens)
     for index in batches[procs.rank :: procs.world]:
-        src, tgt_in, tgt_out = (t.to(device) for t in collate(corpus, index))
+        b = collate(corpus, index).to(device)
         with autocast(device, config.train.precision):
-            logits = model(src, tgt_in)
-        sums += torch.stack(label_smoothed_nll(logits, tgt_out, config.train.label_smoothing)).double()
+            logits = model(b.src, b.tgt_in)
+        sums += torch.stack(label_smoothed_nll(logits, b.tgt_out, config.train.label_smoothing)).double()
     loss_sum, nll_sum, tokens = distributed.sum_across(procs, sums).tolist()
     model.train()
     nll_tok = nll_sum / max(tokens, 1)
@@ -185,6 +207,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's random generators: torch (CPU and every CUDA device) and Python's
+    `random` (as its repr: a checkpoint's state loads with `weights_only`)."""
     state = {"torch": torch.get_rng_state(), "python": repr(random.getstate())}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -192,43 +216,131 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` saved."""
     torch.set_rng_state(state["torch"])
+    if "python" in state:
+        random.setstate(ast.literal_eval(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True) -> Path:
-    """Train the model a config describes; return the run directory.
-
-    Under torchrun every process calls this; see the module docstring."""
-    procs, device = distributed.start(config.train.device)
-    finished = False
-    try:
-        run_dir = _train(config, resume, log, progress, procs, device)
-        finished = True
-        return run_dir
-    finally:
-        distributed.stop(procs, wait=finished)
+# --------------------------------------------------------------------------- the state of a run
 
 
-def _train(
-    config: Config, resume: bool, log: Callable[[str], None] | None, progress: bool, procs: Processes, device: torch.device
-) -> Path:
-    log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
-    if not procs.main:
-        log, progress = (lambda msg: None), False
-    t = config.train
-    run_dir = config.run_path
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    torch.manual_seed(t.seed)
-    random.seed(t.seed)
+def new_window() -> dict[str, float]:
+    """Sums over the current logging interval (saved with checkpoints so resumed logs match)."""
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0}
 
-    # Data (checked line by line before anything is trained), tokenizer, encoding (cached as
-    # Arrow in RUN/cache, memory-mapped). Rank 0 checks the data, trains the tokenizer and fills
-    # the cache; the other processes wait, then read what it wrote.
-    d = config.data
+
+def new_counters() -> dict[str, int]:
+    return {"skipped_nonfinite": 0, "fp16_overflows": 0}
+
+
+@dataclass
+class TrainState:
+    """Where training stands. `state_dict()` is the one list of what a checkpoint's training
+    state holds (the optimizer's and the scaler's states are saved beside it); the fields
+    after `rngs` only describe the running process and are not saved."""
+
+    step: int = 0  # updates applied
+    epoch: int = 0  # 0-based
+    batch_in_epoch: int = 0  # batches of this epoch's order consumed
+    best: float = float("-inf")  # best validation score so far (higher is better)
+    since_best: int = 0  # validations since the best one (the patience counter)
+    elapsed: float = 0.0  # seconds trained before this process started its loop
+    window: dict[str, float] = field(default_factory=new_window)
+    counters: dict[str, int] = field(default_factory=new_counters)
+    rngs: list[dict[str, Any]] = field(default_factory=list)  # each process's generators, at the last save
+    started: float = field(default_factory=time.time)  # when this process's loop began
+    window_start: float = field(default_factory=time.time)
+    consecutive_bad: int = 0  # non-finite updates in a row
+    validated_at: int = 0  # the step of the last validation (or the start)
+
+    def seconds(self) -> float:
+        """Training time so far, this process's and the saved runs' before it."""
+        return self.elapsed + time.time() - self.started
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "rng": self.rngs[0],
+            **({"rng_ranks": self.rngs} if len(self.rngs) > 1 else {}),
+            "best": self.best,
+            "since_best": self.since_best,
+            "elapsed": self.seconds(),
+            "window": self.window,
+            "counters": self.counters,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.best, self.since_best, self.elapsed = state["best"], state["since_best"], state["elapsed"]
+        self.window, self.counters = state["window"], state["counters"]
+        self.rngs = state.get("rng_ranks", [state["rng"]])
+        self.validated_at = self.step
+
+    def rng_for(self, procs: Processes) -> dict[str, Any]:
+        """This process's saved generators; rank 0's when the run was saved by another number
+        of processes."""
+        return self.rngs[procs.rank] if len(self.rngs) == procs.world else self.rngs[0]
+
+
+@dataclass
+class TrainData:
+    """The corpora a run trains and validates on, and the tokenizers that encoded them."""
+
+    train: EncodedCorpus
+    valid: EncodedCorpus | None
+    valid_raw: Any  # the validation text (a `datasets.Dataset`), for BLEU
+    src_sp: Any
+    tgt_sp: Any
+
+    def record(self) -> dict[str, Any]:
+        """The first metrics record: pairs kept and dropped."""
+        rec: dict[str, Any] = {"step": 0, "train_pairs": len(self.train), **{f"train_dropped_{k}": v for k, v in self.train.dropped.items()}}
+        if self.valid is not None:
+            rec.update({"valid_pairs": len(self.valid), "valid_dropped_empty": self.valid.dropped["empty"]})
+        return rec
+
+
+@dataclass
+class Run:
+    """What the loop works with, built once by `setup_run`."""
+
+    config: Config
+    procs: Processes
+    device: torch.device
+    data: TrainData
+    model: Seq2SeqTransformer  # what is saved and validated (parameter names unprefixed)
+    net: nn.Module  # what trains: the same parameters, compiled and/or wrapped for DDP
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    metrics: MetricsLog | None  # rank 0 only
+    log: Callable[[str], None]
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.config.run_path / ckpt.CHECKPOINT_DIR
+
+
+class Outcome(enum.Enum):
+    """What became of one update."""
+
+    APPLIED = "applied"
+    FP16_OVERFLOW = "fp16_overflow"  # the scaler skipped it and lowered its scale
+    NONFINITE = "nonfinite"  # skipped: a loss or the gradient norm was not finite
+
+
+# --------------------------------------------------------------------------- before the loop
+
+
+def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -> TrainData:
+    """Data (checked line by line before anything is trained), tokenizer, encoding (cached as
+    Arrow in RUN/cache, memory-mapped). Rank 0 checks the data, trains the tokenizer and fills
+    the cache; the other processes wait, then read what it wrote."""
+    d, run_dir = config.data, config.run_path
     for split in (d.train, d.valid):  # a missing file is reported before anything else happens
         if split:
             split_source(split, d.src_lang, d.tgt_lang, d.format)
@@ -246,45 +358,56 @@ def _train(
     if not len(train_data):
         raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
     valid_data = encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log) if d.valid else None
-    data_record = {"step": 0, "train_pairs": len(train_data), **{f"train_dropped_{k}": v for k, v in train_data.dropped.items()}}
-    if valid_data is not None:
-        data_record.update({"valid_pairs": len(valid_data), "valid_dropped_empty": valid_data.dropped["empty"]})
     if procs.main:
         distributed.barrier(procs)
+    return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
 
-    # Model and optimiser
-    model = build_model(config.model, src_sp.get_piece_size(), tgt_sp.get_piece_size(), config.tokenizer.joint).to(device)
+
+def resume_state(config: Config, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 data: TrainData, procs: Processes, device: torch.device, log: Callable[[str], None]) -> TrainState:
+    """Load the newest intact checkpoint into the model, optimizer and scaler, restore this
+    process's random generators -> the saved `TrainState`."""
+    ckpt_dir = config.run_path / ckpt.CHECKPOINT_DIR
+    name, damaged = ckpt.find_resumable(ckpt_dir)
+    for problem in damaged:
+        log(f"warning: not resuming from damaged checkpoint {problem}")
+    weights = ckpt_dir / f"{name}.safetensors"
+    ckpt.check_compatible(weights, config, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size())
+    ckpt.load_weights(model, weights, device)
+    saved = ckpt.load_train_state(ckpt_dir / f"{name}.state.pt")
+    optimizer.load_state_dict(saved["optimizer"])
+    scaler.load_state_dict(saved["scaler"])
+    state = TrainState()
+    state.load_state_dict(saved)
+    set_rng_state(state.rng_for(procs))
+    log(f"resumed from {weights} at step {state.step} (epoch {state.epoch + 1}, batch {state.batch_in_epoch})")
+    return state
+
+
+def setup_run(config: Config, resume: bool, procs: Processes, device: torch.device,
+              log: Callable[[str], None] | None = None) -> tuple[Run, TrainState]:
+    """Everything a run needs before its loop: the run directory, data and tokenizer, model,
+    optimizer and scaler, and the state to start from (fresh, or the checkpoint's with --resume)."""
+    log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    if not procs.main:
+        log = lambda msg: None
+    t = config.train
+    config.run_path.mkdir(parents=True, exist_ok=True)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+    data = prepare_data(config, procs, log)
+
+    model = build_model(config.model, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size(), config.tokenizer.joint).to(device)
     optimizer = make_optimizer(model, t, device)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")  # fp16 overflow handling
-    n_params = sum(p.numel() for p in model.parameters())
     where = f"{procs.world} processes ({device.type})" if procs.world > 1 else str(device)
-    log(f"model: {n_params:,} parameters on {where}")
+    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {where}, {resolve_precision(t.precision, device)}")
     if procs.world > 1:
         torch.manual_seed(t.seed + procs.rank)  # the same initial weights, but each process its own dropout
+    state = resume_state(config, model, optimizer, scaler, data, procs, device, log) if resume else TrainState()
 
-    step = epoch = batch_in_epoch = 0
-    best, since_best, elapsed_before = float("-inf"), 0, 0.0  # best validation score (higher is better)
-    window = new_window()
-    counters = {"skipped_nonfinite": 0, "fp16_overflows": 0}
-    ckpt_dir = run_dir / ckpt.CHECKPOINT_DIR
-    if resume:
-        name, damaged = ckpt.find_resumable(ckpt_dir)
-        for problem in damaged:
-            log(f"warning: not resuming from damaged checkpoint {problem}")
-        weights = ckpt_dir / f"{name}.safetensors"
-        ckpt.check_compatible(weights, config, src_sp.get_piece_size(), tgt_sp.get_piece_size())
-        ckpt.load_weights(model, weights, device)
-        state = ckpt.load_train_state(ckpt_dir / f"{name}.state.pt")
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        per_rank = state.get("rng_ranks", [state["rng"]])
-        set_rng_state(per_rank[procs.rank] if len(per_rank) == procs.world else state["rng"])
-        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        best, since_best, elapsed_before = state["best"], state["since_best"], state["elapsed"]
-        window, counters = state["window"], state["counters"]
-        log(f"resumed from {weights} at step {step} (epoch {epoch + 1}, batch {batch_in_epoch})")
-    # `model` is what is saved and validated (parameter names unprefixed); `net` is what trains:
-    # the same parameters, compiled and/or wrapped for gradient summing across processes.
     net: nn.Module = model
     if procs.world > 1:
         # the only buffers are constant position tables: nothing to re-broadcast every forward
@@ -292,156 +415,190 @@ def _train(
     if t.compile:
         net = torch.compile(net)
     if procs.main:
-        save_config(config, run_dir / "config.yaml")
-    metrics = MetricsLog(run_dir, step if resume else None, t.tensorboard) if procs.main else None
+        save_config(config, config.run_path / "config.yaml")
+    metrics = MetricsLog(config.run_path, state.step if resume else None, t.tensorboard) if procs.main else None
     if metrics is not None and not resume:
-        metrics.write(data_record)
+        metrics.write(data.record())
+    return Run(config, procs, device, data, model, net, optimizer, scaler, metrics, log), state
 
-    def save(improved: bool, together: bool = True) -> None:
-        # Each process's RNG state, so that a resume with as many processes is exact. When
-        # interrupted, the processes may be anywhere: rank 0 saves its own state alone.
-        rngs = distributed.gather_to_all(procs, rng_state()) if together else [rng_state()]
-        if not procs.main:
-            return
-        state = {
-            "step": step,
-            "epoch": epoch,
-            "batch_in_epoch": batch_in_epoch,
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "rng": rngs[0],
-            **({"rng_ranks": rngs} if procs.world > 1 else {}),
-            "best": best,
-            "since_best": since_best,
-            "elapsed": elapsed_before + time.time() - start,
-            "window": window,
-            "counters": counters,
-        }
-        ckpt.save_checkpoint(ckpt_dir, step, model, config, {"step": step, "epoch": epoch}, state,
-                             best=improved, keep_last=t.keep_last)
 
-    def run_validation() -> None:
-        nonlocal best, since_best
-        record: dict[str, Any] = {"step": step, "epoch": epoch + 1, "elapsed_s": elapsed_before + time.time() - start}
-        improved = False
-        if valid_data is not None:
-            record.update(validate(model, valid_data, config, device, procs))
-            text = f"step {step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, ppl {record['valid_ppl']:.2f}"
-            if t.valid_bleu:
-                bleu = validation_bleu(model, src_sp, tgt_sp, valid_raw, config, device) if procs.main else None
-                record["valid_bleu"], record["valid_bleu_signature"] = distributed.from_main(procs, bleu)
-                text += f", BLEU {record['valid_bleu']:.2f} ({record['valid_bleu_signature']})"
-            score = record["valid_bleu"] if t.best_metric == "bleu" else -record["valid_nll"]
-            improved, since_best = score > best, 0 if score > best else since_best + 1
-            best = max(best, score)
-            log(text)
-        if metrics is not None:
-            metrics.write(record)
-        save(improved)
-        if t.plot and procs.main:
-            plot_curves(read_metrics(metrics.path), run_dir / "plots" / "curves.png")
-        if t.patience and since_best >= t.patience:
-            log(f"early stopping: no better validation {t.best_metric} in {since_best} validations")
+# --------------------------------------------------------------------------- the steps of the loop
 
-    def out_of_budget() -> bool:
-        # Only the clock can differ between processes: rank 0's reading decides for all.
-        minutes = distributed.from_main(procs, (elapsed_before + time.time() - start) / 60) if t.max_minutes else 0.0
-        return (
-            (t.patience is not None and since_best >= t.patience)
-            or (t.max_steps is not None and step >= t.max_steps)
-            or (t.max_epochs is not None and epoch >= t.max_epochs)
-            or (t.max_minutes is not None and minutes >= t.max_minutes)
+
+def one_update(run: Run, state: TrainState, batches: list[np.ndarray]) -> Outcome:
+    """Take the next update's batches of this epoch's order, accumulate their gradients and
+    step the optimizer unless a loss or the gradient is not finite."""
+    t, procs, optimizer, scaler = run.config.train, run.procs, run.optimizer, run.scaler
+    first = state.batch_in_epoch
+    update = batches[first : first + t.update_freq * procs.world]
+    state.batch_in_epoch += len(update)
+    mine, real = my_batches(update, procs)
+    # subword sampling is keyed by each batch's index in the epoch (rank + j * world)
+    first += procs.rank if real else 0
+    micro = [collate(run.data.train, b, (t.seed, state.epoch, first + j * procs.world)) for j, b in enumerate(mine)]
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(state.step + 1, t)
+    optimizer.zero_grad(set_to_none=True)
+    sums = accumulate_gradients(run.net, micro, 1.0 if real else 0.0, run.config, run.device, scaler, procs)
+    if sums is not None:
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.clip_norm or float("inf"))
+        if scaler.is_enabled() and not torch.isfinite(grad_norm):
+            scaler.step(optimizer)  # skipped by the scaler, which lowers its scale
+            scaler.update()
+            state.counters["fp16_overflows"] += 1
+            return Outcome.FP16_OVERFLOW
+    if sums is None or not torch.isfinite(grad_norm):
+        state.counters["skipped_nonfinite"] += 1
+        state.consecutive_bad += 1
+        return Outcome.NONFINITE
+    state.consecutive_bad = 0
+    scaler.step(optimizer)
+    scaler.update()
+    state.step += 1
+    for key in state.window:
+        state.window[key] += sums[key]
+    return Outcome.APPLIED
+
+
+def report_nonfinite(run: Run, state: TrainState) -> None:
+    """Warn about a skipped update; stop the run after train.max_nonfinite in a row."""
+    run.log(f"warning: non-finite loss or gradients at step {state.step + 1}; batch skipped "
+            f"({state.counters['skipped_nonfinite']} so far)")
+    if state.consecutive_bad >= run.config.train.max_nonfinite:
+        raise UserError(
+            f"non-finite loss or gradients in {state.consecutive_bad} consecutive batches at step {state.step + 1}; "
+            f"stopped without saving, so {run.ckpt_dir / 'last.safetensors'} is the last good state; "
+            "lower train.lr, raise train.warmup_steps or set train.clip_norm"
         )
 
-    start = time.time()
-    window_start = time.time()
-    model.train()
-    bar = tqdm(total=t.max_steps, initial=step, disable=not progress, unit="step", dynamic_ncols=True, file=sys.stderr)
-    validated_at = step
-    params = list(model.parameters())
-    consecutive_bad = 0
+
+def log_progress(run: Run, state: TrainState, bar: tqdm) -> None:
+    """Write the training record of the logging window that ends at this step; start the next."""
+    now = time.time()
+    window, lr = state.window, learning_rate(state.step, run.config.train)
+    tps = (window["tokens"] + window["src_tokens"]) / max(now - state.window_start, 1e-9)
+    record = {
+        "step": state.step,
+        "epoch": state.epoch + 1,
+        "train_loss": window["loss"] / window["tokens"],
+        "train_nll": window["nll"] / window["tokens"],
+        "lr": lr,
+        "tokens_per_s": tps,
+        "elapsed_s": state.elapsed + now - state.started,
+        **state.counters,
+    }
+    if run.metrics is not None:
+        run.metrics.write(record)
+    bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+    state.window, state.window_start = new_window(), now
+
+
+def save(run: Run, state: TrainState, improved: bool, together: bool = True) -> None:
+    """Write a checkpoint (rank 0). Each process's RNG state is gathered, so that a resume with
+    as many processes is exact; when interrupted the processes may be anywhere, so rank 0
+    saves its own state alone (`together` False)."""
+    state.rngs = distributed.gather_to_all(run.procs, rng_state()) if together else [rng_state()]
+    if not run.procs.main:
+        return
+    saved = {**state.state_dict(), "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict()}
+    ckpt.save_checkpoint(run.ckpt_dir, state.step, run.model, run.config, {"step": state.step, "epoch": state.epoch},
+                         saved, best=improved, keep_last=run.config.train.keep_last)
+
+
+def validate_and_save(run: Run, state: TrainState) -> None:
+    """Validation loss (and BLEU), the metrics record, the patience counter, a checkpoint
+    (`best` too when the score improved) and the curves."""
+    t, procs = run.config.train, run.procs
+    record: dict[str, Any] = {"step": state.step, "epoch": state.epoch + 1, "elapsed_s": state.seconds()}
+    improved = False
+    if run.data.valid is not None:
+        record.update(validate(run.model, run.data.valid, run.config, run.device, procs))
+        text = f"step {state.step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, ppl {record['valid_ppl']:.2f}"
+        if t.valid_bleu:
+            d = run.data
+            bleu = validation_bleu(run.model, d.src_sp, d.tgt_sp, d.valid_raw, run.config, run.device) if procs.main else None
+            record["valid_bleu"], record["valid_bleu_signature"] = distributed.from_main(procs, bleu)
+            text += f", BLEU {record['valid_bleu']:.2f} ({record['valid_bleu_signature']})"
+        score = record["valid_bleu"] if t.best_metric == "bleu" else -record["valid_nll"]
+        improved, state.since_best = score > state.best, 0 if score > state.best else state.since_best + 1
+        state.best = max(state.best, score)
+        run.log(text)
+    if run.metrics is not None:
+        run.metrics.write(record)
+    save(run, state, improved)
+    state.validated_at = state.step
+    if t.plot and run.metrics is not None:
+        plot_curves(read_metrics(run.metrics.path), run.config.run_path / "plots" / "curves.png")
+    if t.patience and state.since_best >= t.patience:
+        run.log(f"early stopping: no better validation {t.best_metric} in {state.since_best} validations")
+
+
+def should_stop(run: Run, state: TrainState) -> bool:
+    """Patience, steps, epochs or minutes spent. Only the clock can differ between processes:
+    rank 0's reading decides for all (a collective, so this is asked once per update)."""
+    t = run.config.train
+    minutes = distributed.from_main(run.procs, state.seconds() / 60) if t.max_minutes else 0.0
+    return (
+        (t.patience is not None and state.since_best >= t.patience)
+        or (t.max_steps is not None and state.step >= t.max_steps)
+        or (t.max_epochs is not None and state.epoch >= t.max_epochs)
+        or (t.max_minutes is not None and minutes >= t.max_minutes)
+    )
+
+
+def next_epoch(run: Run, state: TrainState) -> list[np.ndarray]:
+    """Move on to the next epoch -> its batches (a pure function of the seed and the epoch)."""
+    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+    return epoch_batches(run.data.train, run.config.train.max_tokens, run.config.train.seed, state.epoch)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True) -> Path:
+    """Train the model a config describes; return the run directory.
+
+    Under torchrun every process calls this; see the module docstring."""
+    procs, device = distributed.start(config.train.device)
+    finished = False
     try:
-        with sigterm_as_interrupt():
-            while not out_of_budget():
-                batches = epoch_batches(train_data, t.max_tokens, t.seed, epoch)
-                while batch_in_epoch < len(batches) and not out_of_budget():
-                    first = batch_in_epoch
-                    update = batches[first : first + t.update_freq * procs.world]
-                    batch_in_epoch += len(update)
-                    mine, real = my_batches(update, procs)
-                    # subword sampling is keyed by each batch's index in the epoch (rank + j * world)
-                    first += procs.rank if real else 0
-                    micro = [collate(train_data, b, (t.seed, epoch, first + j * procs.world)) for j, b in enumerate(mine)]
-                    lr = learning_rate(step + 1, t)
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr
-                    optimizer.zero_grad(set_to_none=True)
-                    sums = accumulate_gradients(net, micro, 1.0 if real else 0.0, config, device, scaler, procs)
-                    if sums is not None:
-                        scaler.unscale_(optimizer)
-                        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.clip_norm or float("inf"))
-                        if scaler.is_enabled() and not torch.isfinite(grad_norm):
-                            scaler.step(optimizer)  # skipped by the scaler, which lowers its scale
-                            scaler.update()
-                            counters["fp16_overflows"] += 1
-                            continue
-                    if sums is None or not torch.isfinite(grad_norm):
-                        counters["skipped_nonfinite"] += 1
-                        consecutive_bad += 1
-                        log(f"warning: non-finite loss or gradients at step {step + 1}; batch skipped "
-                            f"({counters['skipped_nonfinite']} so far)")
-                        if consecutive_bad >= t.max_nonfinite:
-                            raise UserError(
-                                f"non-finite loss or gradients in {consecutive_bad} consecutive batches at step {step + 1}; "
-                                f"stopped without saving, so {ckpt_dir / 'last.safetensors'} is the last good state; "
-                                "lower train.lr, raise train.warmup_steps or set train.clip_norm"
-                            )
-                        continue
-                    consecutive_bad = 0
-                    scaler.step(optimizer)
-                    scaler.update()
-                    step += 1
-                    for key in window:
-                        window[key] += sums[key]
-                    bar.update(1)
-                    if step % t.log_every == 0:
-                        now = time.time()
-                        tps = (window["tokens"] + window["src_tokens"]) / max(now - window_start, 1e-9)
-                        record = {
-                            "step": step,
-                            "epoch": epoch + 1,
-                            "train_loss": window["loss"] / window["tokens"],
-                            "train_nll": window["nll"] / window["tokens"],
-                            "lr": lr,
-                            "tokens_per_s": tps,
-                            "elapsed_s": elapsed_before + now - start,
-                            **counters,
-                        }
-                        if metrics is not None:
-                            metrics.write(record)
-                        bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
-                        window, window_start = new_window(), now
-                    if step % t.valid_every == 0:
-                        run_validation()
-                        validated_at = step
-                if batch_in_epoch >= len(batches):
-                    epoch, batch_in_epoch = epoch + 1, 0
-            if validated_at != step or not distributed.from_main(procs, (ckpt_dir / "last.safetensors").is_file()):
-                run_validation()
-    except KeyboardInterrupt:
-        bar.close()
-        save(improved=False, together=False)
-        log(f"interrupted at step {step}; saved {ckpt_dir / 'last.safetensors'}. "
-            f"Resume with: seq2seq train --config {run_dir / 'config.yaml'} --resume")
-        raise
+        run, state = setup_run(config, resume, procs, device, log)
+        t, ckpt_dir = config.train, run.ckpt_dir
+        state.started = state.window_start = time.time()
+        run.model.train()
+        bar = tqdm(total=t.max_steps, initial=state.step, disable=not (progress and procs.main), unit="step",
+                   dynamic_ncols=True, file=sys.stderr)
+        batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
+        try:
+            with sigterm_as_interrupt():
+                while not should_stop(run, state):
+                    if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
+                        outcome = one_update(run, state, batches)
+                        if outcome is Outcome.NONFINITE:
+                            report_nonfinite(run, state)
+                        elif outcome is Outcome.APPLIED:
+                            bar.update(1)
+                            if state.step % t.log_every == 0:
+                                log_progress(run, state, bar)
+                            if state.step % t.valid_every == 0:
+                                validate_and_save(run, state)
+                    if state.batch_in_epoch >= len(batches):
+                        batches = next_epoch(run, state)
+                if state.validated_at != state.step or not distributed.from_main(procs, (ckpt_dir / "last.safetensors").is_file()):
+                    validate_and_save(run, state)
+        except KeyboardInterrupt:
+            bar.close()
+            save(run, state, improved=False, together=False)
+            run.log(f"interrupted at step {state.step}; saved {ckpt_dir / 'last.safetensors'}. "
+                    f"Resume with: seq2seq train --config {config.run_path / 'config.yaml'} --resume")
+            raise
+        finally:
+            bar.close()
+            if run.metrics is not None:
+                run.metrics.close()
+        run.log(f"finished at step {state.step} (epoch {state.epoch + 1}) in {state.seconds() / 60:.1f} min; run in {config.run_path}")
+        finished = True
+        return config.run_path
     finally:
-        bar.close()
-        if metrics is not None:
-            metrics.close()
-    log(f"finished at step {step} (epoch {epoch + 1}) in {(elapsed_before + time.time() - start) / 60:.1f} min; run in {run_dir}")
-    return run_dir
-
-
-def new_window() -> dict[str, float]:
-    """Sums over the current logging interval (saved with checkpoints so resumed logs match)."""
-    return {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0}
+        distributed.stop(procs, wait=finished)

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig, load_config
-from seq2seq_cli.data import collate, encoded_split
+from seq2seq_cli.batching import collate
+from seq2seq_cli.encoding import encoded_split
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.ids import BOS, EOS, PAD
@@ -202,8 +203,8 @@ def test_subword_sampling_is_deterministic_per_batch_and_keeps_the_text(tmp_path
     config.tokenizer.sampling, config.tokenizer.alpha = True, 0.3
     corpus = encoded_split(config, train, sp, sp, training=True)
     index = np.arange(len(corpus))
-    a, b, c = (collate(corpus, index, key)[0] for key in ((1, 0, 0), (1, 0, 0), (1, 0, 1)))
-    fixed = collate(corpus, index)[0]
+    a, b, c = (collate(corpus, index, key).src for key in ((1, 0, 0), (1, 0, 0), (1, 0, 1)))
+    fixed = collate(corpus, index).src
     assert a.tolist() == b.tolist()
     assert a.tolist() != c.tolist() and a.tolist() != fixed.tolist()
     for row, fixed_row in zip(a.tolist(), fixed.tolist()):
@@ -263,5 +264,7 @@ def test_cached_corpus_is_memory_mapped_and_its_pages_can_be_released(tmp_path, 
     assert str(corpus.cache_path.resolve()) in maps and corpus.release.ranges
     index = np.arange(len(corpus))[::-1]
     first = collate(corpus, index)  # releases the pages it read
-    assert [t.tolist() for t in collate(corpus, index)] == [t.tolist() for t in first]
-    assert first[0][0, : len(sp.encode(ES[-1])) + 1].tolist() == sp.encode(ES[-1]) + [EOS]
+    again = collate(corpus, index)
+    assert (again.src.tolist(), again.tgt_in.tolist(), again.tgt_out.tolist()) == \
+        (first.src.tolist(), first.tgt_in.tolist(), first.tgt_out.tolist())
+    assert first.src[0, : len(sp.encode(ES[-1])) + 1].tolist() == sp.encode(ES[-1]) + [EOS]

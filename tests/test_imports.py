@@ -6,16 +6,12 @@ import ast
 import graphlib
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "seq2seq_cli"
 
 # config -> checkpoint (for atomic_write_text) closes config -> checkpoint -> config;
 # removed when atomic writes leave checkpoint.py.
-KNOWN_EDGES = {("config", "checkpoint")}
-
-
 def _imported_modules(tree: ast.AST, package_modules: set[str]) -> set[str]:
     """Package modules named by the imports anywhere in a module, lazy ones inside functions included."""
     found = set()
@@ -62,12 +58,7 @@ def test_the_import_graph_is_read():
 def test_no_import_cycles_among_package_modules():
     graph = import_graph()
     cycle = find_cycle(graph)
-    if cycle is None:
-        return
-    without_known = {m: {d for d in deps if (m, d) not in KNOWN_EDGES} for m, deps in graph.items()}
-    remaining = find_cycle(without_known)
-    assert remaining is None, "import cycle: " + " -> ".join(remaining)
-    pytest.xfail("import cycle through a known edge only: " + " -> ".join(cycle))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_no_test_module_imports_another_test_module():

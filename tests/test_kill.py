@@ -1,10 +1,16 @@
-"""SIGKILL at random moments, resume each time: the final weights are bit-identical to an
-uninterrupted run and no checkpoint on disk is ever corrupt."""
+"""SIGKILL at chosen points of training, resume each time: the final weights are
+bit-identical to an uninterrupted run and no checkpoint on disk is ever corrupt.
+
+Each kill lands at a step read from the run's own log (metrics.jsonl), a few logging
+intervals past where the previous process had got to: between saves, or while a checkpoint is
+being written (the validation record is logged just before the save), whatever the speed of
+the machine."""
 
 import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +20,10 @@ from safetensors.torch import load_file
 from seq2seq_cli import checkpoint as ckpt
 from helpers import make_config, quiet
 
+from seq2seq_cli.metrics import read_metrics
+
 KILLS = 20
+SETTINGS = {"max_steps": 300, "valid_every": 6, "log_every": 3, "threads": 1}
 
 
 def assert_no_corrupt_checkpoint(ckpt_dir: Path) -> None:
@@ -26,34 +35,54 @@ def assert_no_corrupt_checkpoint(ckpt_dir: Path) -> None:
             assert ckpt.verify_checkpoint(ckpt_dir, name, need_state=name != "best") is None, name
 
 
+def logged_step(run: Path) -> int:
+    """The highest step in the run's metrics.jsonl (0 before it exists)."""
+    return max((r.get("step", 0) for r in read_metrics(run / "metrics.jsonl")), default=0)
+
+
+def kill_at_step(proc: subprocess.Popen, run: Path, target: int, timeout: float = 300.0) -> int:
+    """SIGKILL `proc` (no handler, no cleanup) as soon as its log reaches step `target`
+    -> the step logged when it was killed."""
+    deadline = time.monotonic() + timeout
+    while logged_step(run) < target:
+        assert proc.poll() is None, f"training ended before step {target}: {proc.communicate()[1].decode()}"
+        assert time.monotonic() < deadline, f"step {target} not reached in {timeout:.0f} s"
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    return logged_step(run)
+
+
 @pytest.mark.slow
-def test_sigkill_at_random_moments_loses_nothing(tmp_path):
-    settings = {"max_steps": 600, "valid_every": 6, "log_every": 3, "threads": 1}
-    reference = quiet(make_config(tmp_path, "reference", **settings))
-    cfg = make_config(tmp_path, "run", **settings)
-    ckpt_dir = tmp_path / "run" / "checkpoints"
+def test_sigkill_at_chosen_steps_loses_nothing(tmp_path):
+    reference = quiet(make_config(tmp_path, "reference", **SETTINGS))
+    cfg = make_config(tmp_path, "run", **SETTINGS)
+    run = tmp_path / "run"
+    ckpt_dir = run / "checkpoints"
     rng = random.Random(1234)
-    kills = starts = 0
-    while True:
-        resume = any(ckpt_dir.glob("*.json")) if ckpt_dir.is_dir() else False
-        cmd = [sys.executable, "-m", "seq2seq_cli", "train", "--config", str(cfg), "--no-progress"]
+    resumed_from: list[int] = []
+    killed_at: list[int] = []
+    cmd = [sys.executable, "-m", "seq2seq_cli", "train", "--config", str(cfg), "--no-progress"]
+    for _ in range(KILLS):
+        resume = (ckpt_dir / "last.json").is_file()
+        resumed_from.append(json.loads((ckpt_dir / "last.json").read_text())["step"] if resume else 0)
+        # past anything an earlier process logged (the log is truncated to the resume point
+        # only once the new process has started)
+        target = logged_step(run) + SETTINGS["log_every"] * rng.randint(1, 4)
         proc = subprocess.Popen(cmd + (["--resume"] if resume else []), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        starts += 1
-        if kills < KILLS:
-            try:
-                proc.wait(timeout=rng.uniform(2.0, 4.5))  # start-up takes ~2.5 s; then training and saves
-            except subprocess.TimeoutExpired:
-                proc.kill()  # SIGKILL: no handler, no cleanup
-                proc.wait()
-                kills += 1
-                assert_no_corrupt_checkpoint(ckpt_dir)
-                continue
-        err = proc.communicate(timeout=300)[1].decode()
-        assert proc.returncode == 0, err
-        break
-    assert kills == KILLS and starts == KILLS + 1
+        killed_at.append(kill_at_step(proc, run, target))
+        assert killed_at[-1] >= target
+        assert_no_corrupt_checkpoint(ckpt_dir)
+    proc = subprocess.Popen(cmd + ["--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.communicate(timeout=600)[1].decode()
+    assert proc.returncode == 0, err
+    # the kills landed after training had made progress: every resume started from a
+    # checkpoint no older than the one before, and most from a newer one
+    assert resumed_from == sorted(resumed_from) and len(set(resumed_from)) > KILLS // 2
+    # some kills landed between saves, some just as a validation's checkpoint was being written
+    assert {s % SETTINGS["valid_every"] for s in killed_at} >= {0, 3}
     assert_no_corrupt_checkpoint(ckpt_dir)
     a = load_file(str(reference / "checkpoints" / "last.safetensors"))
     b = load_file(str(ckpt_dir / "last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((ckpt_dir / "last.json").read_text())["step"] == settings["max_steps"]
+    assert json.loads((ckpt_dir / "last.json").read_text())["step"] == SETTINGS["max_steps"]

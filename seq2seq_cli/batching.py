@@ -1,0 +1,161 @@
+"""Token-budget batches of an encoded corpus: length-bucketed, shuffled per epoch from the
+seed, and collated into padded tensors.
+
+Batches hold at most `max_tokens` source or target tokens, padding included, with pairs of
+similar length together; their order is shuffled each epoch from the seed, so an epoch's
+batches are a pure function of (seed, epoch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import Tensor
+
+from seq2seq_cli.encoding import EncodedCorpus
+from seq2seq_cli.ids import BOS, EOS, PAD
+
+
+def token_batches(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None
+) -> list[np.ndarray]:
+    """Group pair indices into batches of similar length with batch_size * longest <= max_tokens.
+
+    Pairs are sorted by source then target length (ties broken at random when `rng` is
+    given); with `rng` the order of the batches is shuffled too. A single pair longer than
+    max_tokens forms a batch of its own.
+    """
+    n = len(src_lens)
+    tie = rng.permutation(n) if rng is not None else np.arange(n)
+    order = np.lexsort((tie, tgt_lens, src_lens))
+    del tie
+    longest = np.maximum(src_lens, tgt_lens)[order]
+    batches: list[np.ndarray] = []
+    start, cur_max = 0, 0
+    for i in range(n):
+        new_max = max(cur_max, int(longest[i]))
+        if i > start and new_max * (i - start + 1) > max_tokens:
+            batches.append(order[start:i])
+            start, new_max = i, int(longest[i])
+        cur_max = new_max
+    if n:
+        batches.append(order[start:])
+    if rng is not None:
+        perm = rng.permutation(len(batches))
+        batches = [batches[i] for i in perm]
+    return batches
+
+
+def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run
+    sees exactly the batches an uninterrupted one would."""
+    rng = np.random.default_rng([seed, epoch])
+    return token_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
+
+
+def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Tensor:
+    """Right-pad prefix+seq+suffix for each sequence -> (B, T) long tensor."""
+    width = max(len(s) for s in seqs) + len(prefix) + len(suffix)
+    out = np.full((len(seqs), width), PAD, dtype=np.int64)
+    for row, s in enumerate(seqs):
+        full = prefix + s + suffix
+        out[row, : len(full)] = full
+    return torch.from_numpy(out)
+
+
+def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool) -> Tensor:
+    """Sequences given as lengths and concatenated values -> (B, T) with optional BOS/EOS."""
+    lens = lens.astype(np.int64)
+    start = int(bos)
+    out = np.full((len(lens), int(lens.max(initial=0)) + start + int(eos)), PAD, dtype=np.int64)
+    rows = np.repeat(np.arange(len(lens)), lens)
+    cols = np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens) + start
+    out[rows, cols] = values
+    if bos:
+        out[:, 0] = BOS
+    if eos:
+        out[np.arange(len(lens)), lens + start] = EOS
+    return torch.from_numpy(out)
+
+
+def _take(table: pa.Table, column: str, index: np.ndarray) -> pa.Array:
+    """Rows `index` of a column, in that order, taken chunk by chunk: a take on the whole
+    chunked column would first concatenate it, reading every page of the memory map."""
+    col = table.column(column)
+    starts = np.cumsum([0] + [len(c) for c in col.chunks])
+    chunk = np.searchsorted(starts, index, side="right") - 1
+    order = np.argsort(chunk, kind="stable")
+    idx, chunk = index[order], chunk[order]
+    bounds = np.flatnonzero(np.diff(chunk)) + 1
+    parts = [col.chunk(int(c[0])).take(pa.array(i - starts[c[0]])) for c, i in zip(np.split(chunk, bounds), np.split(idx, bounds))]
+    rows = pa.concat_arrays(parts) if parts else pa.array([], type=col.type)
+    return rows.take(pa.array(np.argsort(order)))
+
+
+def _gather(table: pa.Table, column: str, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, concatenated ids) of the rows `index` of a list column."""
+    rows = _take(table, column, index)
+    return rows.value_lengths().to_numpy(zero_copy_only=False), rows.flatten().to_numpy(zero_copy_only=False)
+
+
+def _sample(corpus: EncodedCorpus, index: np.ndarray, key: tuple[int, ...]) -> tuple[list[list[int]], list[list[int]]]:
+    """Sampled segmentations of the rows `index`, a pure function of `key` (seed, epoch,
+    batch): SentencePiece's generator is seeded from it and encodes on one thread. A sample
+    longer than the length limit falls back to the cached segmentation."""
+    import sentencepiece as spm
+
+    s = corpus.sampling
+    assert s is not None
+    table = corpus.table
+    texts = [_take(table, c, index).to_pylist() for c in ("src", "tgt")]
+    fixed = [_take(table, c, index).to_pylist() for c in ("src_ids", "tgt_ids")]
+    out = []
+    for side, (sp, texts_, fixed_, limit) in enumerate(
+        ((s.src_sp, texts[0], fixed[0], s.max_src_len), (s.tgt_sp, texts[1], fixed[1], s.max_tgt_len))
+    ):
+        spm.set_random_generator_seed(int(np.random.SeedSequence([*key, side]).generate_state(1)[0]))
+        sampled = sp.encode(texts_, enable_sampling=True, alpha=s.alpha, nbest_size=s.nbest, num_threads=1)
+        out.append([x if 0 < len(x) <= limit else f for x, f in zip(sampled, fixed_)])
+    return out[0], out[1]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One training or validation batch: src (B, S) ids+EOS, tgt_in (B, T) BOS+ids, tgt_out
+    (B, T) ids+EOS, and the non-pad token counts of src and tgt_out (known from the lengths,
+    so nobody has to count them on the tensors)."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    src_tokens: int
+    tgt_tokens: int
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """The same batch with its tensors on `device`."""
+        src, tgt_in, tgt_out = (x.to(device, non_blocking=non_blocking) for x in (self.src, self.tgt_in, self.tgt_out))
+        return Batch(src, tgt_in, tgt_out, self.src_tokens, self.tgt_tokens)
+
+
+def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...] | None = None) -> Batch:
+    """The pairs `index` of `corpus` as a `Batch` (EOS ends the source and the decoder's
+    output, BOS starts its input).
+
+    With `sample_key` (seed, epoch, batch) and subword sampling on, the batch is re-segmented
+    by sampling, deterministically from the key."""
+    index = np.asarray(index)
+    if sample_key is not None and corpus.sampling is not None:
+        src, tgt = _sample(corpus, index, sample_key)
+        if corpus.release is not None:
+            corpus.release()
+        return Batch(pad_batch(src, [], [EOS]), pad_batch(tgt, [BOS], []), pad_batch(tgt, [], [EOS]),
+                     sum(len(s) + 1 for s in src), sum(len(t) + 1 for t in tgt))
+    src_lens, src_vals = _gather(corpus.table, "src_ids", index)
+    tgt_lens, tgt_vals = _gather(corpus.table, "tgt_ids", index)
+    if corpus.release is not None:
+        corpus.release()
+    return Batch(_pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False), _pad_flat(tgt_lens, tgt_vals, False, True),
+                 int(src_lens.sum()) + len(index), int(tgt_lens.sum()) + len(index))

@@ -1,0 +1,56 @@
+"""Token-budget batches, epoch order and collation (`batching`)."""
+
+import numpy as np
+
+from seq2seq_cli.batching import collate, epoch_batches, pad_batch, token_batches
+from seq2seq_cli.encoding import EncodedCorpus
+from seq2seq_cli.ids import BOS, EOS, PAD
+
+
+def test_token_batches_cover_every_pair_once_within_budget():
+    rng = np.random.default_rng(0)
+    src_lens = rng.integers(1, 60, 500)
+    tgt_lens = rng.integers(1, 60, 500)
+    for shuffle in (None, np.random.default_rng(1)):
+        batches = token_batches(src_lens, tgt_lens, 300, shuffle)
+        seen = np.concatenate(batches)
+        assert sorted(seen.tolist()) == list(range(500))
+        for b in batches:
+            assert len(b) * max(src_lens[b].max(), tgt_lens[b].max()) <= 300
+
+
+def test_oversized_pair_gets_a_batch_of_its_own():
+    batches = token_batches(np.array([5, 500, 6]), np.array([5, 7, 6]), 100)
+    assert [len(b) for b in batches if 1 in b] == [1]
+
+
+def test_epoch_batches_depend_only_on_seed_and_epoch():
+    corpus = EncodedCorpus.from_lists([[5] * (i % 17 + 1) for i in range(300)], [[6] * (i % 13 + 1) for i in range(300)])
+    a, b = epoch_batches(corpus, 64, 1, 0), epoch_batches(corpus, 64, 1, 0)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+    c = epoch_batches(corpus, 64, 1, 1)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_collate_literal():
+    corpus = EncodedCorpus.from_lists([[7, 8], [9]], [[10], [11, 12, 13]])
+    batch = collate(corpus, np.array([0, 1]))
+    src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
+    assert src.tolist() == [[7, 8, EOS], [9, EOS, PAD]]
+    assert tgt_in.tolist() == [[BOS, 10, PAD, PAD], [BOS, 11, 12, 13]]
+    assert tgt_out.tolist() == [[10, EOS, PAD, PAD], [11, 12, 13, EOS]]
+    assert (batch.src_tokens, batch.tgt_tokens) == (int((src != PAD).sum()), int((tgt_out != PAD).sum())) == (5, 6)
+
+
+def test_collate_gathers_rows_across_arrow_chunks_in_order():
+    import pyarrow as pa
+
+    src = [[5 + i % 7] * (1 + i % 4) for i in range(40)]
+    tgt = [[9] * (1 + i % 5) for i in range(40)]
+    whole = EncodedCorpus.from_lists(src, tgt)
+    chunked = EncodedCorpus(pa.Table.from_batches(whole.table.to_batches(max_chunksize=6)), whole.src_lens, whole.tgt_lens)
+    assert chunked.table.column("src_ids").num_chunks == 7
+    index = np.random.default_rng(0).permutation(40)[:17]
+    expected = [pad_batch([src[i] for i in index], [], [EOS]), pad_batch([tgt[i] for i in index], [BOS], [])]
+    got = collate(chunked, index)
+    assert got.src.tolist() == expected[0].tolist() and got.tgt_in.tolist() == expected[1].tolist()
