@@ -3,6 +3,7 @@ the checkpointed `TrainState`, random generators restored on resume, torch.compi
 
 import ast
 import json
+import math
 import os
 import random
 import shutil
@@ -121,3 +122,41 @@ def test_resume_restores_pythons_random_state(tmp_path):
     random.seed(12345)
     train(load_config(cfg), resume=True, progress=False, log=lambda _: None)  # already at max_steps: only resumes
     assert random.getstate() == ast.literal_eval(saved)
+
+
+def test_precision_auto_is_bf16_only_where_the_cpu_has_bf16(monkeypatch):
+    from seq2seq_cli import train as train_module
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(train_module, "cpu_has_bf16", lambda: False)
+    assert train_module.resolve_precision("auto", cpu) == "fp32"
+    assert train_module.resolve_precision("auto", cuda) == "bf16"
+    assert train_module.resolve_precision("bf16", cpu) == "bf16"  # asked for explicitly
+    with train_module.autocast(cpu, "auto"):
+        assert not torch.is_autocast_enabled("cpu")
+    monkeypatch.setattr(train_module, "cpu_has_bf16", lambda: True)
+    assert train_module.resolve_precision("auto", cpu) == "bf16"
+    assert train_module.resolve_precision("fp32", cpu) == "fp32"
+    with train_module.autocast(cpu, "auto"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_bf16_training_on_cpu_lowers_the_loss(tmp_path):
+    run = quiet(make_config(tmp_path, "bf16", precision="bf16", max_steps=60, log_every=10, valid_every=60))
+    losses = [r["train_loss"] for r in train_records(run)]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.5, losses
+    assert all(math.isfinite(x) for x in losses)
+
+
+def test_bf16_attention_on_cpu_matches_float32():
+    from seq2seq_cli.model import scaled_dot_product_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    want = scaled_dot_product_attention(q, k, v, mask, 0.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.0)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
