@@ -148,7 +148,7 @@ def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool) -> str | None
 
 def find_resumable(ckpt_dir: Path) -> tuple[str, list[str]]:
     """The newest intact checkpoint to resume from -> (name, problems of newer ones skipped)."""
-    problems = []
+    problems: list[str] = []
     for name in ["last", *step_names(ckpt_dir)]:
         if name == "last" and not _files(ckpt_dir, name)["weights"].exists() and not _files(ckpt_dir, name)["manifest"].exists():
             continue

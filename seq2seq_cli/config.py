@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
@@ -240,7 +241,7 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
 
 
 def _describe(
-    err: dict[str, Any], source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
+    err: ErrorDetails, source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
     overridden: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
 ) -> str:
     loc = tuple(str(p) for p in err["loc"])

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -47,7 +47,6 @@ from seq2seq_cli.encoding import (
 )
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_split, split_source
-from seq2seq_cli.ids import PAD
 from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
@@ -363,7 +362,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
 
 
-def resume_state(config: Config, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                  data: TrainData, procs: Processes, device: torch.device, log: Callable[[str], None]) -> TrainState:
     """Load the newest intact checkpoint into the model, optimizer and scaler, restore this
     process's random generators -> the saved `TrainState`."""
@@ -413,7 +412,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         # the only buffers are constant position tables: nothing to re-broadcast every forward
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     if t.compile:
-        net = torch.compile(net)
+        net = torch.compile(net)  # type: ignore[assignment]  # torch's stubs type compile(Module) as a function; it returns a Module
     if procs.main:
         save_config(config, config.run_path / "config.yaml")
     metrics = MetricsLog(config.run_path, state.step if resume else None, t.tensorboard) if procs.main else None
