@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -102,7 +102,7 @@ def main() -> None:
         if hf is not None:
             mask = torch.ones_like(s)
 
-            def gen(beam=beam):
+            def gen(beam: int = beam, mask: torch.Tensor = mask) -> torch.Tensor:
                 with torch.no_grad():
                     return hf.generate(input_ids=s, attention_mask=mask, num_beams=beam, do_sample=False,
                                        min_new_tokens=args.out_len, max_new_tokens=args.out_len)

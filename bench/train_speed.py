@@ -19,7 +19,7 @@ import json
 import math
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -90,7 +90,9 @@ def _take(table: pa.Table, column: str, index: np.ndarray) -> pa.Array:
     order = np.argsort(chunk, kind="stable")
     idx, chunk = index[order], chunk[order]
     bounds = np.flatnonzero(np.diff(chunk)) + 1
-    parts = [col.chunk(int(c[0])).take(pa.array(i - starts[c[0]])) for c, i in zip(np.split(chunk, bounds), np.split(idx, bounds))]
+    parts = [
+        col.chunk(int(c[0])).take(pa.array(i - starts[c[0]])) for c, i in zip(np.split(chunk, bounds), np.split(idx, bounds))
+    ]
     rows = pa.concat_arrays(parts) if parts else pa.array([], type=col.type)
     return rows.take(pa.array(np.argsort(order)))
 
@@ -157,5 +159,6 @@ def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...
     tgt_lens, tgt_vals = _gather(corpus.table, "tgt_ids", index)
     if corpus.release is not None:
         corpus.release()
-    return Batch(_pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False), _pad_flat(tgt_lens, tgt_vals, False, True),
+    return Batch(_pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False),
+                 _pad_flat(tgt_lens, tgt_vals, False, True),
                  int(src_lens.sum()) + len(index), int(tgt_lens.sum()) + len(index))

@@ -148,7 +148,7 @@ def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool) -> str | None
 
 def find_resumable(ckpt_dir: Path) -> tuple[str, list[str]]:
     """The newest intact checkpoint to resume from -> (name, problems of newer ones skipped)."""
-    problems = []
+    problems: list[str] = []
     for name in ["last", *step_names(ckpt_dir)]:
         if name == "last" and not _files(ckpt_dir, name)["weights"].exists() and not _files(ckpt_dir, name)["manifest"].exists():
             continue
@@ -184,7 +184,9 @@ def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
     raise UserError(f"{p}: model not found (expected a run directory or a .safetensors checkpoint)")
 
 
-def load_checkpoint(model_path: str | Path, device: str | torch.device = "cpu") -> tuple[Seq2SeqTransformer, Config, Path, dict[str, str]]:
+def load_checkpoint(
+    model_path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[Seq2SeqTransformer, Config, Path, dict[str, str]]:
     """Build the model described by a checkpoint and load its weights.
 
     -> (model in eval mode, config, run directory, metadata)
@@ -209,7 +211,9 @@ def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.devi
     except (SafetensorError, RuntimeError) as exc:
         raise UserError(f"{path}: weights do not match the model described in it ({str(exc).splitlines()[0]})") from None
     if missing or unexpected:
-        raise UserError(f"{path}: weights do not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+        raise UserError(
+            f"{path}: weights do not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+        )
 
 
 ARCHITECTURE_KEYS = (

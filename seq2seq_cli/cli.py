@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -65,7 +65,7 @@ app = typer.Typer(
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file, e.g. configs/quickstart.yaml.")]
 SetOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--set", help="Override a config key: --set train.max_steps=2000 (repeatable)."),
 ]
 ModelOpt = Annotated[Path, typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint) or a checkpoint file.")]
@@ -111,7 +111,7 @@ def decode_options(command: Callable[..., None]) -> Callable[..., None]:
         low = next((m.ge for m in field.metadata if hasattr(m, "ge")), None)
         option = typer.Option(*decls, min=low, help=help_text)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                        annotation=Annotated[Optional[kind], option]))  # type: ignore[valid-type]
+                                        annotation=Annotated[kind | None, option]))
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
@@ -181,9 +181,9 @@ def train(
 @app.command()
 @user_errors
 def info(
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config: the model it describes, vocabulary tokenizer.vocab_size.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config: the model it describes, vocabulary tokenizer.vocab_size.")] = None,
     set_: SetOpt = None,
-    model: Annotated[Optional[Path], typer.Option("--model", "-m", help="A trained run directory or checkpoint instead of --config.")] = None,
+    model: Annotated[Path | None, typer.Option("--model", "-m", help="A trained run directory or checkpoint instead of --config.")] = None,
     src_len: Annotated[int, typer.Option("--src-len", min=1, help="Source tokens per sentence for the FLOP estimates.")] = 32,
     tgt_len: Annotated[int, typer.Option("--tgt-len", min=1, help="Target tokens per sentence for the FLOP estimates.")] = 32,
 ) -> None:
@@ -214,9 +214,9 @@ def translate(
     nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each input, N consecutive lines.")] = 1,
     scores: Annotated[bool, typer.Option("--scores", help="Append a tab and the hypothesis score to each line.")] = False,
     alignment: Annotated[bool, typer.Option("--alignment", help="Append a tab and hard alignments SRC-TGT (subword positions, argmax of cross-attention).")] = False,
-    attention_plots: Annotated[Optional[Path], typer.Option("--attention-plots", help="Write one cross-attention heatmap PNG per sentence into this directory.")] = None,
+    attention_plots: Annotated[Path | None, typer.Option("--attention-plots", help="Write one cross-attention heatmap PNG per sentence into this directory.")] = None,
     attention_layer: Annotated[int, typer.Option("--attention-layer", help="Decoder layer for alignments and plots; -1 = last.")] = -1,
-    attention_head: Annotated[Optional[int], typer.Option("--attention-head", min=0, help="One head for alignments and plots; default the mean over heads.")] = None,
+    attention_head: Annotated[int | None, typer.Option("--attention-head", min=0, help="One head for alignments and plots; default the mean over heads.")] = None,
     device: DeviceOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
     *,
@@ -242,10 +242,10 @@ def translate(
 @decode_options
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
-    model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Run directory or checkpoint to translate --src with.")] = None,
-    src: Annotated[Optional[Path], typer.Option("--src", "-s", help="Source sentences to translate and score.")] = None,
-    hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Score this existing file of translations instead of translating.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the translations of --src here.")] = None,
+    model: Annotated[Path | None, typer.Option("--model", "-m", help="Run directory or checkpoint to translate --src with.")] = None,
+    src: Annotated[Path | None, typer.Option("--src", "-s", help="Source sentences to translate and score.")] = None,
+    hyp: Annotated[Path | None, typer.Option("--hyp", help="Score this existing file of translations instead of translating.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the translations of --src here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON line.")] = False,
     device: DeviceOpt = "auto",
     *,
@@ -276,7 +276,7 @@ def evaluate(
 def average(
     model: Annotated[Path, typer.Option("--model", "-m", help="Run directory whose step checkpoints are averaged.")],
     last: Annotated[int, typer.Option("--last", "-n", help="How many of the newest intact step checkpoints to average.")] = 2,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write, inside RUN/checkpoints; default RUN/checkpoints/average-last-N.safetensors.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write, inside RUN/checkpoints; default RUN/checkpoints/average-last-N.safetensors.")] = None,
 ) -> None:
     """Average the weights of the last N checkpoints of a run (often a little better than the last)."""
     from seq2seq_cli.checkpoint import average_checkpoints
@@ -292,7 +292,7 @@ def export(
     output: Annotated[Path, typer.Argument(help="Directory to write the exported model into.")],
     model: ModelOpt,
     format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, or hf (a MarianMTModel directory).")] = "ctranslate2",
-    quantization: Annotated[Optional[str], typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
+    quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
 ) -> None:
     """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
@@ -37,7 +38,9 @@ class DataConfig(Section):
     on_empty: Literal["skip", "error"] = Field("skip", description="pairs with an empty side: skip and count, or stop")
     max_src_len: int = Field(256, ge=1, description="training pairs with more source subwords are dropped")
     max_tgt_len: int = Field(256, ge=1, description="training pairs with more target subwords are dropped")
-    max_len_ratio: float | None = Field(None, ge=1.0, description="drop training pairs whose subword lengths differ by more than this factor")
+    max_len_ratio: float | None = Field(
+        None, ge=1.0, description="drop training pairs whose subword lengths differ by more than this factor"
+    )
     dedup: bool = Field(False, description="drop repeated (source, target) training pairs")
     num_proc: int = Field(1, ge=1, description="processes for reading and encoding")
 
@@ -124,7 +127,9 @@ class TrainConfig(Section):
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto = bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX), else fp32; fp16 uses a dynamic loss scaler"
+        "auto",
+        description="auto = bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX), else fp32; "
+        "fp16 uses a dynamic loss scaler",
     )
     threads: int | None = Field(None, ge=1, description="CPU threads; default all cores")
     max_tokens: int = Field(4096, ge=1, description="source or target tokens per batch, padding included")
@@ -240,7 +245,7 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
 
 
 def _describe(
-    err: dict[str, Any], source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
+    err: ErrorDetails, source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
     overridden: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
 ) -> str:
     loc = tuple(str(p) for p in err["loc"])

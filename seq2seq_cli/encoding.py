@@ -98,7 +98,9 @@ class Filters:
     dedup: bool = False
 
 
-def _encode_batch(batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None) -> dict[str, list]:
+def _encode_batch(
+    batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None
+) -> dict[str, list]:
     if release_dir:  # pages of the memory-mapped input already read (per process: map workers too)
         release_pages(release_dir)
     src_ids, tgt_ids = src_sp.encode(batch["src"]), tgt_sp.encode(batch["tgt"])

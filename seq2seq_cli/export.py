@@ -69,13 +69,13 @@ def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab:
     enc, dec = spec.encoder, spec.decoder
     _inputs(enc, model.src_embed)
     _inputs(dec, model.tgt_embed)
-    for layer_spec, layer in zip(enc.layer, model.encoder):
-        _attention(layer_spec.self_attention, layer.self_attn, True)
-        _norm(layer_spec.self_attention.layer_norm, layer.attn_block.norm)
-        _linear(layer_spec.ffn.linear_0, layer.ffn.w_1)
-        _linear(layer_spec.ffn.linear_1, layer.ffn.w_2)
-        _norm(layer_spec.ffn.layer_norm, layer.ffn_block.norm)
-    for layer_spec, layer in zip(dec.layer, model.decoder):
+    for layer_spec, enc_layer in zip(enc.layer, model.encoder_layers()):
+        _attention(layer_spec.self_attention, enc_layer.self_attn, True)
+        _norm(layer_spec.self_attention.layer_norm, enc_layer.attn_block.norm)
+        _linear(layer_spec.ffn.linear_0, enc_layer.ffn.w_1)
+        _linear(layer_spec.ffn.linear_1, enc_layer.ffn.w_2)
+        _norm(layer_spec.ffn.layer_norm, enc_layer.ffn_block.norm)
+    for layer_spec, layer in zip(dec.layer, model.decoder_layers()):
         _attention(layer_spec.self_attention, layer.self_attn, True)
         _norm(layer_spec.self_attention.layer_norm, layer.self_block.norm)
         _attention(layer_spec.attention, layer.cross_attn, False)

@@ -130,8 +130,9 @@ def _parse_jsonl(batch: dict[str, list[str]], src_field: str, tgt_field: str) ->
             s, t = node.get(src_field), node.get(tgt_field)
             missing = [name for name, v in ((src_field, s), (tgt_field, t)) if not isinstance(v, str)]
             if missing:
-                problem = f"expected string field(s) {', '.join(repr(m) for m in missing)} (at the top level or under \"translation\")"
-            else:
+                fields = ", ".join(repr(m) for m in missing)
+                problem = f'expected string field(s) {fields} (at the top level or under "translation")'
+            elif isinstance(s, str) and isinstance(t, str):
                 pair = (s, t)
         src.append(pair[0])
         tgt.append(pair[1])

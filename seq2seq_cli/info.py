@@ -176,11 +176,14 @@ def _embedding_rows(model: Seq2SeqTransformer) -> tuple[list[Row], list[str]]:
 def parameter_table(model: Seq2SeqTransformer) -> ParameterTable:
     """Parameters per part, in model order; the total equals the model's parameter count."""
     rows, tied = _embedding_rows(model)
-    for i, layer in enumerate(model.encoder):
+    for i, enc_layer in enumerate(model.encoder_layers()):
         p = f"encoder.{i}"
-        rows += _attention_rows(f"{p}.self_attn", layer.self_attn) + _ffn_rows(f"{p}.ffn", layer.ffn)
-        rows += [Row(f"{p}.norm.self_attn", _numel(layer.attn_block.norm)), Row(f"{p}.norm.ffn", _numel(layer.ffn_block.norm))]
-    for i, layer in enumerate(model.decoder):
+        rows += _attention_rows(f"{p}.self_attn", enc_layer.self_attn) + _ffn_rows(f"{p}.ffn", enc_layer.ffn)
+        rows += [
+            Row(f"{p}.norm.self_attn", _numel(enc_layer.attn_block.norm)),
+            Row(f"{p}.norm.ffn", _numel(enc_layer.ffn_block.norm)),
+        ]
+    for i, layer in enumerate(model.decoder_layers()):
         p = f"decoder.{i}"
         rows += _attention_rows(f"{p}.self_attn", layer.self_attn) + _attention_rows(f"{p}.cross_attn", layer.cross_attn)
         rows += _ffn_rows(f"{p}.ffn", layer.ffn)
@@ -238,7 +241,9 @@ def decoder_flops(cfg: ModelConfig, tgt_vocab: int, src_len: int, queries: int, 
 
 
 def flop_estimate(cfg: ModelConfig, tgt_vocab: int, src_len: int, tgt_len: int) -> FlopEstimate:
-    forward = encoder_flops(cfg, src_len) + cross_kv_flops(cfg, src_len) + decoder_flops(cfg, tgt_vocab, src_len, tgt_len, tgt_len)
+    forward = (
+        encoder_flops(cfg, src_len) + cross_kv_flops(cfg, src_len) + decoder_flops(cfg, tgt_vocab, src_len, tgt_len, tgt_len)
+    )
     step = decoder_flops(cfg, tgt_vocab, src_len, 1, tgt_len)
     return FlopEstimate(src_len, tgt_len, forward, step, cross_kv_flops(cfg, src_len))
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.fileio import atomic_write, atomic_write_text
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class MetricsLog:
@@ -20,13 +23,13 @@ class MetricsLog:
         elif self.path.exists():
             self.path.unlink()  # a fresh run starts a fresh log
         self.file = open(self.path, "a", encoding="utf-8")
-        self.writer = None
+        self.writer: SummaryWriter | None = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is a dependency; a broken install only loses the events
-                SummaryWriter = None
-            if SummaryWriter is not None:
+                pass
+            else:
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
 
     def write(self, record: dict[str, Any]) -> None:

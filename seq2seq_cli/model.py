@@ -16,6 +16,8 @@ keys/values in `seq2seq_cli/kv_cache.py` (`DecoderState`, one `LayerCache` per d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +88,7 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(out), weights
 
 
-ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 
 class FeedForward(nn.Module):
@@ -218,6 +220,8 @@ def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> 
 class Embedding(nn.Module):
     """Token embedding (x sqrt(D) with scale_embedding) + positional encoding, then dropout."""
 
+    table: Tensor  # the sinusoidal position buffer (absent with learned positions)
+
     def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, token_types: int = 0) -> None:
         super().__init__()
         self.tokens = tokens
@@ -268,6 +272,14 @@ class Seq2SeqTransformer(nn.Module):
             self.logits_bias = None
         self._init_weights()
 
+    def encoder_layers(self) -> list[EncoderLayer]:
+        """The encoder's layers as `EncoderLayer`s (iterating a ModuleList gives plain Modules)."""
+        return [cast(EncoderLayer, layer) for layer in self.encoder]
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The decoder's layers as `DecoderLayer`s (iterating a ModuleList gives plain Modules)."""
+        return [cast(DecoderLayer, layer) for layer in self.decoder]
+
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed.tokens" not in name and "positions" not in name and "embed.types" not in name:
@@ -298,7 +310,7 @@ class Seq2SeqTransformer(nn.Module):
         memory: (B, S, D), src_mask: (B, 1, 1, S); `group` decoder rows will share each
         sentence's keys/values (beam search), so the decoder batch is B * group.
         """
-        layers = [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder]
+        layers = [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder_layers()]
         return DecoderState(layers, src_mask, group=group)
 
     def logits(self, h: Tensor) -> Tensor:

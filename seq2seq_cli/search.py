@@ -140,7 +140,8 @@ def greedy_search(
             for row in done.nonzero().squeeze(1).tolist():
                 orig = int(active[row])
                 total = totals[orig].item()
-                results[orig] = Hypothesis(history[row].tolist(), total / length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type), total)
+                penalty = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
+                results[orig] = Hypothesis(history[row].tolist(), total / penalty, total)
             keep = (~done).nonzero().squeeze(1)
             state.select(keep)
             active, nxt, history = active[keep], nxt[keep], history[keep]

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import sentencepiece as spm
 
@@ -110,7 +110,7 @@ def train_tokenizer(config: Config) -> list[Path]:
     src_file, tgt_file = source.files if plain else (None, None)
 
     def feed(*columns: str) -> list[Path] | Callable[[], Iterator[str]]:
-        if plain:
+        if src_file is not None and tgt_file is not None:  # plain
             return [{"src": src_file, "tgt": tgt_file}[c] for c in columns]
         return lambda: _sentences(dataset, columns)
 
@@ -149,7 +149,8 @@ class VocabTokenizer:
         """Ids of a sentence (or of each sentence of a list); return_type proto gives the
         SentencePiece pieces with their surfaces, piece for piece as the ids."""
         if return_type == "proto":
-            return self.sp.encode(text, out_type="immutable_proto")
+            # the sentencepiece stubs do not list "immutable_proto", which the library accepts
+            return self.sp.encode(text, out_type="immutable_proto")  # type: ignore[arg-type]
         if isinstance(text, str):
             return [self.vocab.get(p, UNK) for p in self.sp.encode(text, out_type=str)]
         return [[self.vocab.get(p, UNK) for p in pieces] for pieces in self.sp.encode(text, out_type=str)]
@@ -191,9 +192,9 @@ def load_tokenizers(
     if vocabulary == "file":
         src_spm, src_vocab = VOCAB_FILES["source"]
         tgt_spm, tgt_vocab = VOCAB_FILES["target"]
-        src = VocabTokenizer.load(run_dir / src_spm, run_dir / src_vocab)
-        tgt = VocabTokenizer.load(run_dir / tgt_spm, run_dir / (src_vocab if joint else tgt_vocab))
-        return src, tgt  # type: ignore[return-value]
+        src_v = VocabTokenizer.load(run_dir / src_spm, run_dir / src_vocab)
+        tgt_v = VocabTokenizer.load(run_dir / tgt_spm, run_dir / (src_vocab if joint else tgt_vocab))
+        return src_v, tgt_v  # type: ignore[return-value]  # VocabTokenizer offers the SentencePieceProcessor calls the tool makes
     src_path, tgt_path = model_paths(run_dir, joint)
     for p in {src_path, tgt_path}:
         if not p.is_file():

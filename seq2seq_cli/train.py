@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -47,7 +47,6 @@ from seq2seq_cli.encoding import (
 )
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_split, split_source
-from seq2seq_cli.ids import PAD
 from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
@@ -299,7 +298,8 @@ class TrainData:
 
     def record(self) -> dict[str, Any]:
         """The first metrics record: pairs kept and dropped."""
-        rec: dict[str, Any] = {"step": 0, "train_pairs": len(self.train), **{f"train_dropped_{k}": v for k, v in self.train.dropped.items()}}
+        dropped = {f"train_dropped_{k}": v for k, v in self.train.dropped.items()}
+        rec: dict[str, Any] = {"step": 0, "train_pairs": len(self.train), **dropped}
         if self.valid is not None:
             rec.update({"valid_pairs": len(self.valid), "valid_dropped_empty": self.valid.dropped["empty"]})
         return rec
@@ -363,7 +363,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
 
 
-def resume_state(config: Config, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                  data: TrainData, procs: Processes, device: torch.device, log: Callable[[str], None]) -> TrainState:
     """Load the newest intact checkpoint into the model, optimizer and scaler, restore this
     process's random generators -> the saved `TrainState`."""
@@ -389,8 +389,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     """Everything a run needs before its loop: the run directory, data and tokenizer, model,
     optimizer and scaler, and the state to start from (fresh, or the checkpoint's with --resume)."""
     log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
-    if not procs.main:
-        log = lambda msg: None
+    log = log if procs.main else (lambda msg: None)  # only the main process logs
     t = config.train
     config.run_path.mkdir(parents=True, exist_ok=True)
     if t.threads:
@@ -399,7 +398,8 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     random.seed(t.seed)
     data = prepare_data(config, procs, log)
 
-    model = build_model(config.model, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size(), config.tokenizer.joint).to(device)
+    vocab_sizes = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
+    model = build_model(config.model, *vocab_sizes, config.tokenizer.joint).to(device)
     optimizer = make_optimizer(model, t, device)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")  # fp16 overflow handling
     where = f"{procs.world} processes ({device.type})" if procs.world > 1 else str(device)
@@ -413,7 +413,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         # the only buffers are constant position tables: nothing to re-broadcast every forward
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     if t.compile:
-        net = torch.compile(net)
+        net = torch.compile(net)  # type: ignore[assignment]  # torch's stubs type compile(Module) as a function; it returns a Module
     if procs.main:
         save_config(config, config.run_path / "config.yaml")
     metrics = MetricsLog(config.run_path, state.step if resume else None, t.tensorboard) if procs.main else None
@@ -514,7 +514,8 @@ def validate_and_save(run: Run, state: TrainState) -> None:
     improved = False
     if run.data.valid is not None:
         record.update(validate(run.model, run.data.valid, run.config, run.device, procs))
-        text = f"step {state.step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, ppl {record['valid_ppl']:.2f}"
+        text = (f"step {state.step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, "
+                f"ppl {record['valid_ppl']:.2f}")
         if t.valid_bleu:
             d = run.data
             bleu = validation_bleu(run.model, d.src_sp, d.tgt_sp, d.valid_raw, run.config, run.device) if procs.main else None
@@ -585,7 +586,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                                 validate_and_save(run, state)
                     if state.batch_in_epoch >= len(batches):
                         batches = next_epoch(run, state)
-                if state.validated_at != state.step or not distributed.from_main(procs, (ckpt_dir / "last.safetensors").is_file()):
+                if (state.validated_at != state.step
+                        or not distributed.from_main(procs, (ckpt_dir / "last.safetensors").is_file())):
                     validate_and_save(run, state)
         except KeyboardInterrupt:
             bar.close()
@@ -597,7 +599,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             bar.close()
             if run.metrics is not None:
                 run.metrics.close()
-        run.log(f"finished at step {state.step} (epoch {state.epoch + 1}) in {state.seconds() / 60:.1f} min; run in {config.run_path}")
+        minutes = state.seconds() / 60
+        run.log(f"finished at step {state.step} (epoch {state.epoch + 1}) in {minutes:.1f} min; run in {config.run_path}")
         finished = True
         return config.run_path
     finally:

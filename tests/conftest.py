@@ -15,7 +15,9 @@ from seq2seq_cli.model import Seq2SeqTransformer, build_model
 
 def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransformer:
     """A small randomly initialised model in eval mode."""
-    settings = {"d_model": 16, "heads": 2, "ffn_size": 32, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0, "max_positions": 64}
+    settings = {
+        "d_model": 16, "heads": 2, "ffn_size": 32, "encoder_layers": 2, "decoder_layers": 2, "dropout": 0.0, "max_positions": 64
+    }
     settings.update(overrides)
     torch.manual_seed(seed)
     return build_model(ModelConfig(**settings), vocab, vocab, joint_vocab=True).eval()

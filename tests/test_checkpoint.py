@@ -174,7 +174,8 @@ def test_average_written_outside_the_run_is_refused_and_the_run_stays_usable(ref
     errors = r.stderr.strip().splitlines()
     assert errors == [(
         f"error: {out}: an averaged checkpoint is written into its run's checkpoints directory "
-        f"{reference / 'checkpoints'}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
+        f"{reference / 'checkpoints'}, where --model finds the run's tokenizer "
+        "(to use it elsewhere, copy the whole run directory)"
     )]
     inside = reference / "checkpoints" / "avg-outside-test.safetensors"
     r = runner.invoke(app, ["average", "-m", str(reference), "--last", "2", "-o", str(inside)])

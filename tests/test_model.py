@@ -199,4 +199,5 @@ def test_token_types_default_to_type_zero_and_change_the_encoding():
     default = model.src_embed(src)
     assert torch.equal(default, model.src_embed(src, types=zeros))
     assert not torch.allclose(default, model.src_embed(src, types=ones))
-    assert torch.allclose(model.src_embed(src, types=ones) - default, model.src_embed.types.weight[1] - model.src_embed.types.weight[0])
+    types = model.src_embed.types.weight
+    assert torch.allclose(model.src_embed(src, types=ones) - default, types[1] - types[0])

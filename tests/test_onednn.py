@@ -23,7 +23,8 @@ def test_packed_copy_computes_what_the_model_computes(overrides):
     fast = for_decoding(model)
     assert fast is not model
     assert not any(type(m) is nn.Linear for m in fast.modules())
-    assert sum(isinstance(m, PackedLinear) for m in fast.modules()) == 2 * (4 + 2) + 2 * (2 * 4 + 2) + 1  # encoder, decoder, output
+    packed = sum(isinstance(m, PackedLinear) for m in fast.modules())
+    assert packed == 2 * (4 + 2) + 2 * (2 * 4 + 2) + 1  # encoder, decoder, output
     src = _sources()
     tgt = torch.randint(4, 23, (src.size(0), 5))
     with torch.no_grad():

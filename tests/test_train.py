@@ -62,7 +62,7 @@ def test_validation_bleu_best_by_bleu_early_stopping_and_plots(tmp_path):
                       patience=2, tensorboard=True, plot=True, lr=1e-7, warmup_steps=0)
     messages = []
     run = train(load_config(cfg), progress=False, log=messages.append)
-    valid = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if "valid_nll" in l]
+    valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "valid_nll" in line]
     assert all(r["valid_bleu_signature"].startswith("nrefs:1|") for r in valid)
     # lr 1e-7: nothing improves, so training stops after patience validations without a new best
     assert any("early stopping" in m for m in messages)

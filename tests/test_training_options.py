@@ -45,4 +45,6 @@ def test_average_last_checkpoints(tmp_path):
     assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1
     r = runner.invoke(app, ["average", "--model", str(run), "--last", "4"])
     assert r.exit_code != 0
-    assert r.stderr.strip() == f"error: {run / 'checkpoints'}: 3 intact step checkpoints, --last 4 asked; keep more with train.keep_last"
+    assert r.stderr.strip() == (
+        f"error: {run / 'checkpoints'}: 3 intact step checkpoints, --last 4 asked; keep more with train.keep_last"
+    )

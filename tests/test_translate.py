@@ -58,11 +58,12 @@ def test_empty_lines_stay_in_place(run_dir, sentences, tmp_path):
     assert len(got) == len(lines)
     assert got[1] == "" and got[4] == ""
     tr = Translator.load(run_dir, "cpu")
-    assert [g for i, g in enumerate(got) if i not in (1, 4)] == tr.translate([l for i, l in enumerate(lines) if i not in (1, 4)])
+    assert [g for i, g in enumerate(got) if i not in (1, 4)] == tr.translate([s for i, s in enumerate(lines) if i not in (1, 4)])
 
 
 def test_nbest_with_scores(run_dir, sentences):
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3", "--nbest", "3", "--scores"], input="\n".join(sentences[:4]) + "\n")
+    args = ["translate", "-m", str(run_dir), "--beam-size", "3", "--nbest", "3", "--scores"]
+    r = runner.invoke(app, args, input="\n".join(sentences[:4]) + "\n")
     assert r.exit_code == 0, r.output
     rows = r.stdout.splitlines()
     assert len(rows) == 12

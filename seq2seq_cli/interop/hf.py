@@ -269,10 +269,12 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     for name in (src_spm, tgt_spm):
         shutil.copyfile(src_dir / name, run_dir / name)
     pieces = {i: p for p, i in src_vocab.items()}
-    atomic_write_text(run_dir / src_file, json.dumps({pieces[m]: j for j, m in enumerate(src_order)}, ensure_ascii=False, indent=0))
+    src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
+    atomic_write_text(run_dir / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
     if not shared:
         pieces = {i: p for p, i in tgt_vocab.items()}
-        atomic_write_text(run_dir / tgt_file, json.dumps({pieces[m]: j for j, m in enumerate(tgt_order)}, ensure_ascii=False, indent=0))
+        tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
+        atomic_write_text(run_dir / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
     save_config(config, run_dir / "config.yaml")
     meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
     save_checkpoint(run_dir / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
