@@ -17,11 +17,10 @@ import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
-
 from shapes import add_shape_arguments, hf_marian, our_model
 
 from seq2seq_cli.config import DecodeConfig

@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
 from shapes import add_shape_arguments, hf_marian, our_model
 
 from seq2seq_cli.config import TrainConfig

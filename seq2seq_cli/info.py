@@ -40,6 +40,7 @@ from torch import nn
 from seq2seq_cli.config import Config, ModelConfig
 from seq2seq_cli.model import FeedForward, MultiHeadAttention, Seq2SeqTransformer, build_model
 
+
 @dataclass(frozen=True)
 class Row:
     """One part of the model: a dotted path (e.g. encoder.0.self_attn.W_Q), its parameter count

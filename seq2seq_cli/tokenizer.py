@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import sentencepiece as spm
 

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from seq2seq_cli.batching import pad_batch, token_batches
 from seq2seq_cli.checkpoint import load_checkpoint
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.batching import pad_batch, token_batches
 from seq2seq_cli.distributed import pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import REPO, SHIPPED
 
+from helpers import REPO, SHIPPED
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_same, make_config, quiet, train_records
 from typer.testing import CliRunner
 
+from helpers import assert_same, make_config, quiet, train_records
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import train as train_module
 from seq2seq_cli.cli import app

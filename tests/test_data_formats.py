@@ -3,8 +3,8 @@ file and line, the Arrow cache is reused and rebuilt, filters count what they dr
 sampling is deterministic and resumable, supplied and separate SentencePiece models."""
 
 import gzip
-import re
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +14,15 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
+from helpers import assert_same, make_config, quiet
+from seq2seq_cli.batching import collate
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig, load_config
-from seq2seq_cli.batching import collate
 from seq2seq_cli.encoding import encoded_split
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.ids import BOS, EOS, PAD
 from seq2seq_cli.tokenizer import load_tokenizers, train_tokenizer
-from helpers import assert_same, make_config, quiet
 
 runner = CliRunner()
 

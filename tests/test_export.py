@@ -8,11 +8,11 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
+from helpers import sequence_log_prob
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
 from seq2seq_cli.translate import Translator
-from helpers import sequence_log_prob
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
 

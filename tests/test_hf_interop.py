@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SHIPPED, tiny_model
 from typer.testing import CliRunner
 
+from conftest import REPO, SHIPPED, tiny_model
 from seq2seq_cli.checkpoint import load_checkpoint
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig

@@ -6,7 +6,6 @@ import ast
 import graphlib
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "seq2seq_cli"
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 from click.testing import Result
+from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 from seq2seq_cli.checkpoint import save_weights

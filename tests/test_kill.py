@@ -17,9 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from seq2seq_cli import checkpoint as ckpt
 from helpers import make_config, quiet
-
+from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.metrics import read_metrics
 
 KILLS = 20

@@ -3,8 +3,8 @@ dropping finished rows, shared cross-attention keys, and the preallocated buffer
 
 import pytest
 import torch
-from conftest import random_sources, tiny_model
 
+from conftest import random_sources, tiny_model
 from seq2seq_cli.kv_cache import DecoderState, LayerCache
 
 H, S, DK, DV = 2, 5, 3, 4

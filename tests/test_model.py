@@ -1,7 +1,7 @@
 import pytest
 import torch
-from conftest import tiny_model
 
+from conftest import tiny_model
 from seq2seq_cli.ids import BOS, PAD
 from seq2seq_cli.masks import decoder_self_mask, padding_mask
 from seq2seq_cli.model import attention_with_weights, sinusoidal_table

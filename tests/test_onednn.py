@@ -5,10 +5,10 @@ import logging
 
 import pytest
 import torch
-from conftest import random_sources as _sources
-from conftest import tiny_model
 from torch import nn
 
+from conftest import random_sources as _sources
+from conftest import tiny_model
 from seq2seq_cli import onednn
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.onednn import PackedLinear, available, for_decoding

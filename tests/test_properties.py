@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seq2seq_cli import translate as translate_module
-from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.batching import token_batches
+from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.masks import causal_mask, decoder_self_mask, padding_mask
 from seq2seq_cli.search import Hypothesis
 from seq2seq_cli.translate import Translator

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from seq2seq_cli.config import ModelConfig
-from seq2seq_cli.masks import causal_mask, decoder_self_mask, padding_mask
-from seq2seq_cli.kv_cache import LayerCache
-from seq2seq_cli.model import DecoderLayer, EncoderLayer, MultiHeadAttention
 from seq2seq_cli.ids import PAD
+from seq2seq_cli.kv_cache import LayerCache
+from seq2seq_cli.masks import causal_mask, decoder_self_mask, padding_mask
+from seq2seq_cli.model import DecoderLayer, EncoderLayer, MultiHeadAttention
 
 D, HEADS, FFN = 16, 4, 32
 B, S, T = 3, 7, 6

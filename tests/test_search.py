@@ -1,9 +1,9 @@
 import pytest
 import torch
+
 from conftest import random_sources as _sources
 from conftest import tiny_model
 from helpers import sequence_log_prob
-
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.ids import PAD, UNK
 from seq2seq_cli.kv_cache import DecoderState, LayerCache

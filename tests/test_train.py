@@ -13,16 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import make_config, quiet, train_records
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.batching import collate, epoch_batches
 from seq2seq_cli.config import load_config
 from seq2seq_cli.encoding import encode_corpus
 from seq2seq_cli.formats import read_parallel
+from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.model import build_model
 from seq2seq_cli.tokenizer import load_tokenizers
-from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.train import TrainState, learning_rate, make_optimizer, rng_state, set_rng_state, train
-from helpers import make_config, quiet, train_records
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):

@@ -7,10 +7,9 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from helpers import make_config, quiet
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.cli import app
-from helpers import make_config, quiet
-
 from seq2seq_cli.config import TrainConfig
 from seq2seq_cli.train import learning_rate
 

@@ -6,9 +6,9 @@ from typing import ClassVar
 
 import pytest
 import yaml
-from conftest import REPO, SHIPPED
 from typer.testing import CliRunner
 
+from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.train import train
