@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import sentencepiece as spm
 
 from seq2seq_cli.config import Config
+from seq2seq_cli import runlock
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
@@ -92,7 +93,26 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
 
 def train_tokenizer(config: Config) -> list[Path]:
     """Train the SentencePiece model(s) on the training split (or copy the ones
-    tokenizer.src_model/tgt_model name) into the run directory; return the model paths."""
+    tokenizer.src_model/tgt_model name) into the run directory; return the model paths.
+    The run directory is locked meanwhile; a run with checkpoints is refused (see
+    `check_tokenizer_replaceable`)."""
+
+    with runlock.hold(config.run_path, runlock.command_line()):
+        check_tokenizer_replaceable(config)
+        return _train_tokenizer(config)
+
+
+def check_tokenizer_replaceable(config: Config) -> None:
+    """A run with checkpoints keeps the tokenizer its model was trained with: a new one would
+    map the text to other ids and the model would answer gibberish."""
+    if runlock.has_checkpoints(config.run_path):
+        raise UserError(
+            f"{config.run_path}: holds checkpoints trained with its tokenizer; a new tokenizer would not "
+            "match them. Use another run_dir for a new tokenizer (or remove its checkpoints/ to start the run over)"
+        )
+
+
+def _train_tokenizer(config: Config) -> list[Path]:
     from seq2seq_cli.formats import read_split, split_source
 
     d, t = config.data, config.tokenizer

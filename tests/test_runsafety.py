@@ -1,0 +1,166 @@
+"""A run is never lost: a second `train` on a trained run, two commands on one run directory,
+`tokenize` into a trained run, `export --force` onto the model it exports, `translate -o`
+onto its own input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from helpers import make_config
+from typer.testing import CliRunner
+
+from seq2seq_cli import runlock
+from seq2seq_cli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """(config, run directory) of a tiny trained run, copied fresh by the tests that change it."""
+    tmp = tmp_path_factory.mktemp("safety")
+    cfg = make_config(tmp, "run", max_steps=3, valid_every=3, tensorboard=False)
+    result = runner.invoke(app, ["train", "-c", str(cfg), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return cfg, tmp / "run"
+
+
+def copy_run(trained: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A private copy of the trained run and a config pointing at it."""
+    cfg, run = trained
+    new_run = tmp_path / "run"
+    shutil.copytree(run, new_run)
+    text = cfg.read_text(encoding="utf-8").replace(str(run), str(new_run))
+    new_cfg = tmp_path / "run.yaml"
+    new_cfg.write_text(text, encoding="utf-8")
+    return new_cfg, new_run
+
+
+def error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+def test_train_again_without_resume_is_refused_and_keeps_the_run(trained, tmp_path):
+    cfg, run = copy_run(trained, tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
+    metrics = (run / "metrics.jsonl").read_text(encoding="utf-8")
+    line = error_line(runner.invoke(app, ["train", "-c", str(cfg), "--no-progress"]))
+    assert "--resume" in line and "--overwrite" in line and str(run) in line
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == before
+    assert (run / "metrics.jsonl").read_text(encoding="utf-8") == metrics
+
+
+def test_overwrite_starts_over_and_clears_the_old_run(trained, tmp_path):
+    cfg, run = copy_run(trained, tmp_path)
+    (run / "checkpoints" / "step-00000999.safetensors").write_bytes(b"old")
+    (run / "plots").mkdir(exist_ok=True)
+    (run / "plots" / "old.png").write_bytes(b"old")
+    spm = (run / "spm.model").read_bytes()
+    result = runner.invoke(app, ["train", "-c", str(cfg), "--no-progress", "--overwrite", "--set", "train.max_steps=2",
+                                 "--set", "train.valid_every=2"])
+    assert result.exit_code == 0, result.output
+    assert not (run / "checkpoints" / "step-00000999.safetensors").exists()
+    assert not (run / "plots" / "old.png").exists()
+    steps = [json.loads(line).get("step") for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert max(s for s in steps if s is not None) == 2
+    assert (run / "spm.model").read_bytes() == spm  # the tokenizer stays
+
+
+def test_resume_and_overwrite_together_are_refused(trained, tmp_path):
+    cfg, _ = copy_run(trained, tmp_path)
+    line = error_line(runner.invoke(app, ["train", "-c", str(cfg), "--resume", "--overwrite"]))
+    assert "--resume and --overwrite" in line
+
+
+def test_a_locked_run_names_its_holder(trained, tmp_path):
+    """Another process holds the run: train and tokenize say who; when it dies, the lock goes with it."""
+    cfg, run = copy_run(trained, tmp_path)
+    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); sys.argv = ['seq2seq', 'train', '-c', 'x.yaml'];"
+            f"from seq2seq_cli import runlock; runlock.acquire({str(run)!r}, runlock.command_line());"
+            "print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for args in (["train", "-c", str(cfg), "--resume", "--no-progress"], ["tokenize", "-c", str(cfg)]):
+            line = error_line(runner.invoke(app, args))
+            assert f"pid {holder.pid}" in line and "seq2seq train" in line and "since" in line, line
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs, the OS drops the lock
+        holder.wait()
+    path = runlock.acquire(run, "test")  # not stale
+    runlock.release(path)
+
+
+def test_the_lock_is_reentrant_and_released(tmp_path):
+    first = runlock.acquire(tmp_path, "a")
+    second = runlock.acquire(tmp_path, "b")
+    assert first == second
+    runlock.release(second)
+    runlock.release(first)
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from seq2seq_cli import runlock;"
+            f"runlock.release(runlock.acquire({str(tmp_path)!r}, 'c'))")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_tokenize_into_a_trained_run_is_refused(trained, tmp_path):
+    cfg, run = copy_run(trained, tmp_path)
+    spm = (run / "spm.model").read_bytes()
+    line = error_line(runner.invoke(app, ["tokenize", "-c", str(cfg)]))
+    assert "checkpoints" in line and "another run_dir" in line
+    assert (run / "spm.model").read_bytes() == spm
+
+
+def test_export_force_onto_the_run_is_refused(trained, tmp_path):
+    _, run = copy_run(trained, tmp_path)
+    for target in (run, run / "checkpoints", run.parent):
+        line = error_line(runner.invoke(app, ["export", str(target), "-m", str(run), "--force"]))
+        assert "holds the model being exported" in line, line
+        assert (run / "checkpoints" / "last.safetensors").is_file()
+
+
+def test_translate_output_onto_its_input_is_refused(trained, tmp_path):
+    _, run = trained
+    src = tmp_path / "in.txt"
+    src.write_text("hola\n", encoding="utf-8")
+    link = tmp_path / "other-name.txt"
+    os.link(src, link)
+    for out in (src, link):
+        line = error_line(runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(out)]))
+        assert "is the input file" in line, line
+    assert src.read_text(encoding="utf-8") == "hola\n"
+
+
+def test_translate_output_keeps_permissions_and_special_files(trained, tmp_path):
+    _, run = trained
+    src = tmp_path / "in.txt"
+    src.write_text("hola\nadiós\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    out.write_text("old\n", encoding="utf-8")
+    out.chmod(0o640)
+    assert runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(out), "--no-progress"]).exit_code == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640 and len(out.read_text(encoding="utf-8").splitlines()) == 2
+    real = tmp_path / "real.txt"
+    real.write_text("", encoding="utf-8")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    assert runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(link), "--no-progress"]).exit_code == 0
+    assert link.is_symlink() and len(real.read_text(encoding="utf-8").splitlines()) == 2
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.2)
+    result = runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(fifo), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert len(reader.communicate(timeout=30)[0].splitlines()) == 2
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
