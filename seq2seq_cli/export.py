@@ -96,12 +96,34 @@ def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab:
     return spec
 
 
+def check_export_target(model_path: str | Path, output_dir: Path) -> None:
+    """Refuse an output directory that holds the model being exported (the run directory, its
+    checkpoints/ directory, or an ancestor of either): writing there, with --force, would delete it."""
+    from seq2seq_cli.checkpoint import resolve_checkpoint
+
+    run_dir, ckpt = resolve_checkpoint(model_path)
+    out = Path(output_dir).resolve()
+    for held in (run_dir.resolve(), ckpt.resolve().parent):
+        if held == out or held.is_relative_to(out):
+            raise UserError(f"{output_dir}: holds the model being exported ({ckpt}); export into another directory")
+
+
+def check_quantization(quantization: str | None) -> None:
+    """A CTranslate2 weight type, checked before anything is converted."""
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
+        raise UserError(f"--quantization {quantization!r}: expected one of {', '.join(ACCEPTED_MODEL_TYPES)}")
+
+
 def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: str | None = None, force: bool = False) -> Path:
     """Convert a run (or checkpoint) into a CTranslate2 model directory; returns it."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         raise UserError("CTranslate2 export needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
+    check_quantization(quantization)
+    check_export_target(model_path, output_dir)
     model, config, run_dir, _ = load_checkpoint(model_path, "cpu")
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
