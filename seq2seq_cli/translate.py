@@ -207,6 +207,8 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
     opts = opts or OutputOptions()
     if out != "-" and not Path(out).parent.is_dir():
         raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
+    if out != "-" and Path(out).is_dir():
+        raise UserError(f"{out}: is a directory, expected a file name to write")
     if out != "-" and src != "-" and Path(out).exists() and Path(src).exists() and os.path.samefile(src, out):
         raise UserError(f"{out}: is the input file {src}; write the translation to another file")
     if src == "-":

@@ -90,6 +90,31 @@ def damaged_run(ws: Path) -> Path:
     return run
 
 
+_held_locks: list = []
+
+
+def locked_run(ws: Path) -> Path:
+    """A config whose run directory another holder has locked (an open file with the flock,
+    as another process's would be), with the holder's record in it."""
+    import fcntl
+    import json
+
+    cfg = config_with(ws, "locked")
+    run = ws / "run-locked"
+    run.mkdir(exist_ok=True)
+    f = open(run / ".lock", "a+", encoding="utf-8")
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.write(json.dumps({"pid": 4242, "command": "seq2seq train", "since": 0}) + "\n")
+    f.flush()
+    _held_locks.append(f)
+    return cfg
+
+
+def file_as_run_dir(ws: Path) -> Path:
+    (ws / "plainfile").write_text("x\n", encoding="utf-8")
+    return config_with(ws, "fileasrun", lambda r: r.update(run_dir=str(ws / "plainfile")))
+
+
 # id -> (arguments, given the workspace; fragments of the error line; exit code)
 CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     # configuration
@@ -135,6 +160,20 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-jsonl-field": (
         lambda ws: ["train", "-c", pairs_file(ws, "field.jsonl", ['{"es": "uno", "en": "one"}', '{"es": "dos"}'])],
         ["field.jsonl:2: expected string field(s) 'en'"], 1),
+    # run directory
+    "run-exists": (lambda ws: ["train", "-c", ws / "tiny.yaml"],
+                   ["holds the checkpoints of an earlier run", "--resume", "--overwrite"], 1),
+    "run-resume-overwrite": (lambda ws: ["train", "-c", ws / "tiny.yaml", "--resume", "--overwrite"],
+                             ["--resume and --overwrite exclude each other"], 1),
+    "run-locked": (lambda ws: ["train", "-c", locked_run(ws)],
+                   ["run-locked: run directory is in use by pid 4242 (seq2seq train, since"], 1),
+    "run-dir-is-file": (lambda ws: ["train", "-c", file_as_run_dir(ws)], ["plainfile: run_dir is a file"], 1),
+    "tokenize-trained-run": (lambda ws: ["tokenize", "-c", ws / "tiny.yaml"],
+                             ["holds checkpoints trained with its tokenizer", "another run_dir"], 1),
+    "export-onto-run": (lambda ws: ["export", ws / "run", "-m", ws / "run", "--force"],
+                        ["holds the model being exported"], 1),
+    "export-quantization": (lambda ws: ["export", ws / "ct2-bogus", "-m", ws / "run", "--quantization", "bogus"],
+                            ["--quantization 'bogus': expected one of int8"], 1),
     # model directory
     "model-missing": (lambda ws: ["translate", "-m", ws / "no-run"], ["no-run: model not found"], 1),
     "model-not-a-run": (lambda ws: ["translate", "-m", ws / "corpus"], ["corpus: no checkpoints/best.safetensors"], 1),
@@ -147,6 +186,10 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "output-dir-missing": (
         lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "-o", ws / "nodir" / "out.txt"],
         ["out.txt: output directory", "does not exist"], 1),
+    "output-is-input": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "-o", ws / "in.txt"],
+                        ["in.txt: is the input file"], 1),
+    "output-is-directory": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "-o", ws / "corpus"],
+                            ["corpus: is a directory, expected a file name"], 1),
     "evaluate-line-count": (
         lambda ws: ["evaluate", "--hyp", ws / "hyp.txt", "--ref", ws / "ref.txt"],
         ["hyp.txt has 1 lines but", "ref.txt has 2"], 1),
