@@ -218,6 +218,30 @@ def load_tokenizers(
     for p in {src_path, tgt_path}:
         if not p.is_file():
             raise UserError(f"{p}: tokenizer model not found; run `seq2seq tokenize --config ...` first")
-    src = spm.SentencePieceProcessor(model_file=str(src_path))
-    tgt = src if joint else spm.SentencePieceProcessor(model_file=str(tgt_path))
+    src = _load_spm(src_path)
+    tgt = src if joint else _load_spm(tgt_path)
     return src, tgt
+
+
+def _load_spm(path: Path) -> spm.SentencePieceProcessor:
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a SentencePiece model ({detail})") from None
+
+
+def check_vocab_sizes(run_dir: Path, joint: bool, vocabulary: str, src: spm.SentencePieceProcessor,
+                      tgt: spm.SentencePieceProcessor, checkpoint: Path, src_vocab: int, tgt_vocab: int) -> None:
+    """Refuse a tokenizer whose vocabulary is not the one the checkpoint was trained with: the
+    ids would mean other pieces and the translations would be wrong without a word."""
+    if vocabulary == "file":
+        names = (run_dir / VOCAB_FILES["source"][1], run_dir / VOCAB_FILES["source" if joint else "target"][1])
+    else:
+        names = model_paths(run_dir, joint)
+    for side, path, tok, want in (("source", names[0], src, src_vocab), ("target", names[1], tgt, tgt_vocab)):
+        if tok.get_piece_size() != want:
+            raise UserError(
+                f"{path}: {side} tokenizer has {tok.get_piece_size()} pieces but {checkpoint} was trained with "
+                f"{want}; this tokenizer does not belong to the checkpoint"
+            )

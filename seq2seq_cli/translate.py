@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from seq2seq_cli.checkpoint import load_checkpoint
+from seq2seq_cli.checkpoint import load_checkpoint, resolve_checkpoint
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.batching import pad_batch, token_batches
 from seq2seq_cli.distributed import pick_device
@@ -35,7 +35,7 @@ from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import load_tokenizers
+from seq2seq_cli.tokenizer import check_vocab_sizes, load_tokenizers
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -70,8 +70,10 @@ class Translator:
         """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
         decode settings and are validated like the config."""
         dev = pick_device(device, setting="--device")
-        model, config, run_dir, _ = load_checkpoint(model_path, dev)
+        model, config, run_dir, meta = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
+        check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src_sp, tgt_sp,
+                          resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]))
         settings = config.decode.model_dump()
         settings.update(overrides or {})
         try:
