@@ -385,6 +385,22 @@ def resume_state(config: Config, model: nn.Module, optimizer: torch.optim.Optimi
     return state
 
 
+def check_tokenizer_size(config: Config) -> None:
+    """The recorded config must be the truth: a tokenizer already in the run that was trained
+    with another tokenizer.vocab_size than the config's is refused, not used under a wrong record."""
+    t = config.tokenizer
+    paths = model_paths(config.run_path, t.joint)
+    if t.src_model is not None or t.vocabulary != "sentencepiece" or not all(p.is_file() for p in paths):
+        return
+    for path, sp in zip(paths, load_tokenizers(config.run_path, t.joint)):
+        if sp.get_piece_size() != t.vocab_size:
+            raise UserError(
+                f"{path}: the run's tokenizer has {sp.get_piece_size()} pieces but tokenizer.vocab_size is "
+                f"{t.vocab_size}; keep vocab_size {sp.get_piece_size()}, or train a new tokenizer with "
+                f"`seq2seq tokenize` (or in another run_dir)"
+            )
+
+
 def claim_run_dir(config: Config, resume: bool, overwrite: bool, procs: Processes,
                   log: Callable[[str], None]) -> Path | None:
     """Lock the run directory (rank 0; see `runlock`) and check that this start loses no earlier
@@ -393,6 +409,7 @@ def claim_run_dir(config: Config, resume: bool, overwrite: bool, procs: Processe
     lock = runlock.acquire(config.run_path, runlock.command_line()) if procs.main else None
     try:
         runlock.check_fresh_start(config.run_path, resume, overwrite)
+        check_tokenizer_size(config)
         if overwrite and procs.main:
             for path in runlock.clear_run(config.run_path):
                 log(f"--overwrite: removed {path}")

@@ -82,10 +82,14 @@ class Translator:
             raise UserError(f"decoding options: {str(exc).splitlines()[-1].strip()}") from None
         return cls(for_decoding(model), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        """Source ids + EOS, truncated to what the model's positions allow."""
+    def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
+        """Source ids + EOS, truncated to what the model's positions allow; the indices of the
+        lines cut short are appended to `cut` when given."""
         limit = self.model.cfg.max_positions - 1
-        return [s[: limit - 1] + [EOS] for s in self.src_sp.encode(lines)]
+        encoded = self.src_sp.encode(lines)
+        if cut is not None:
+            cut.extend(i for i, s in enumerate(encoded) if len(s) > limit - 1)
+        return [s[: limit - 1] + [EOS] for s in encoded]
 
     def translate_hypotheses(
         self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None
@@ -167,14 +171,19 @@ class Translator:
         return lines
 
     def translate_stream(
-        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None
+        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None,
+        cut: list[int] | None = None,
     ) -> Iterator[str]:
         """Translate an iterable of lines chunk by chunk; yields the output lines in order.
-        `progress` (a tqdm bar) advances by the sentences of each decoded batch."""
+        `progress` (a tqdm bar) advances by the sentences of each decoded batch; the line
+        numbers (from 1) of lines cut to the model's positions are appended to `cut`."""
         it = iter(lines)
         done = 0
         while chunk := [line.rstrip("\r\n") for line in islice(it, chunk_lines)]:
-            ids = self.encode(chunk)
+            cut_here: list[int] = []
+            ids = self.encode(chunk, cut_here)
+            if cut is not None:
+                cut.extend(done + i + 1 for i in cut_here)
             for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress)):
                 yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
             done += len(chunk)
@@ -221,15 +230,27 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
         stream = iter_lines(Path(src))
         chunk = CHUNK_LINES
+    cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_stream(stream, opts, chunk, bar)
+        outputs = translator.translate_stream(stream, opts, chunk, bar, cut)
         if out != "-":
-            return write_lines(Path(out), outputs)
-        count = 0
-        sink: TextIO = sys.stdout
-        for line in outputs:
-            sink.write(line + "\n")
-            if chunk == 1:
-                sink.flush()
-            count += 1
-        return count
+            count = write_lines(Path(out), outputs)
+        else:
+            count = 0
+            sink: TextIO = sys.stdout
+            for line in outputs:
+                sink.write(line + "\n")
+                if chunk == 1:
+                    sink.flush()
+                count += 1
+    if cut:
+        print(describe_cut(src, cut, translator.model.cfg.max_positions - 2), file=sys.stderr)
+    return count
+
+
+def describe_cut(src: str, cut: list[int], limit: int) -> str:
+    """The one warning of a file whose lines were cut to the model's positions."""
+    shown = ", ".join(map(str, cut[:10])) + (", ..." if len(cut) > 10 else "")
+    name = "stdin" if src == "-" else src
+    return (f"warning: {name}: {len(cut)} line(s) longer than the model's {limit} source subwords were cut "
+            f"to fit (lines {shown}); their translations cover only the beginning")

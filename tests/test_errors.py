@@ -115,6 +115,47 @@ def file_as_run_dir(ws: Path) -> Path:
     return config_with(ws, "fileasrun", lambda r: r.update(run_dir=str(ws / "plainfile")))
 
 
+def run_variant(ws: Path, name: str, change: Callable[[Path], None]) -> Path:
+    """A copy of the trained run, changed once."""
+    run = ws / name
+    if not run.exists():
+        shutil.copytree(ws / "run", run)
+        change(run)
+    return run
+
+
+def other_tokenizer(run: Path) -> None:
+    import sentencepiece as spm
+
+    (run / "spm.model").unlink()
+    spm.SentencePieceTrainer.train(input=str(run.parent / "corpus" / "train.en"), model_prefix=str(run / "spm"),
+                                   vocab_size=200, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+
+
+def unverifiable_weights(broken: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def change(run: Path) -> None:
+        weights = run / "checkpoints" / "best.safetensors"
+        data = weights.read_bytes()
+        weights.unlink()
+        (run / "checkpoints" / "best.json").unlink()
+        weights.write_bytes(broken(data))
+
+    return change
+
+
+def nan_weights(data: bytes) -> bytes:
+    """The first float32 tensor's values overwritten with NaN: header and sizes intact."""
+    import json
+    import struct
+
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    begin, end = header[name]["data_offsets"]
+    nan = struct.pack("<f", float("nan")) * ((end - begin) // 4)
+    return data[:8 + n + begin] + nan + data[8 + n + end:]
+
+
 # id -> (arguments, given the workspace; fragments of the error line; exit code)
 CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     # configuration
@@ -131,6 +172,12 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "config-bad-value": (
         lambda ws: ["train", "-c", config_with(ws, "badvalue", lambda r: r["model"].update(d_model=30, heads=4))],
         ["badvalue.yaml:", "d_model (30) must be divisible by heads (4)"], 1),
+    "config-duplicate-key": (
+        lambda ws: ["train", "-c", config_with(ws, "dupkey", text="name: x\nmodel:\n  d_model: 32\ndata: {}\nmodel:\n  heads: 2\n")],
+        ["dupkey.yaml:5: invalid YAML: duplicate key 'model' (first on line 2"], 1),
+    "config-vocab-size-differs": (
+        lambda ws: ["train", "-c", ws / "tiny.yaml", "--resume", "--set", "tokenizer.vocab_size=500"],
+        ["spm.model: the run's tokenizer has 300 pieces but tokenizer.vocab_size is 500"], 1),
     "config-missing-key": (
         lambda ws: ["train", "-c", config_with(ws, "nodata", lambda r: r.pop("data"))],
         ["nodata.yaml", "missing required key 'data'"], 1),
@@ -180,6 +227,18 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "model-corrupted": (
         lambda ws: ["translate", "-m", damaged_run(ws) / "checkpoints" / "best.safetensors"],
         ["best.safetensors", "sha256"], 1),
+    "model-other-tokenizer": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-othertok", other_tokenizer)],
+        ["spm.model: source tokenizer has 200 pieces but", "best.safetensors was trained with 300"], 1),
+    "model-tokenizer-garbage": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-garbagetok", lambda r: (r / "spm.model").write_bytes(b"garbage"))],
+        ["spm.model: not a SentencePiece model"], 1),
+    "model-unverified-truncated": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-cut", unverifiable_weights(lambda d: d[:-100]))],
+        ["best.safetensors: truncated or padded"], 1),
+    "model-unverified-nan": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-nan", unverifiable_weights(nan_weights))],
+        ["best.safetensors: weights are damaged", "NaN or infinite"], 1),
     # translate and evaluate files
     "input-missing": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "none.txt"], ["none.txt: input file not found"], 1),
     "input-unreadable": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "corpus"], ["corpus: cannot read"], 1),
