@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 import re
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,6 @@ from seq2seq_cli.model import Seq2SeqTransformer, build_model
 
 FORMAT_VERSION = "1"
 CHECKPOINT_DIR = "checkpoints"
-logger = logging.getLogger(__name__)
 
 
 def save_weights(path: Path, model: Seq2SeqTransformer, config: Config, meta: dict[str, Any]) -> None:
@@ -208,9 +207,8 @@ def load_checkpoint(model_path: str | Path, device: str | torch.device = "cpu") 
         bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
         if bad:
             raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
-        logger.warning(
-            "warning: %s: no manifest (%s), so the weights cannot be fully verified (no sha256 to compare); "
-            "the file's header and sizes are intact", ckpt, ckpt.with_suffix(".json").name)
+        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix('.json').name}), so the weights cannot be fully "
+              "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
     model.to(device).eval()
     return model, config, run_dir, meta
 

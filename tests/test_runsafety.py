@@ -164,3 +164,37 @@ def test_translate_output_keeps_permissions_and_special_files(trained, tmp_path)
     assert result.exit_code == 0, result.output
     assert len(reader.communicate(timeout=30)[0].splitlines()) == 2
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_checkpoint_without_manifest_is_said_to_be_unverified(trained, tmp_path):
+    _, run = copy_run(trained, tmp_path)
+    (run / "checkpoints" / "best.json").unlink()
+    src = tmp_path / "in.txt"
+    src.write_text("hola\n", encoding="utf-8")
+    result = runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(tmp_path / "out.txt"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "best.safetensors: no manifest (best.json), so the weights cannot be fully verified" in result.stderr
+
+
+def test_averaged_checkpoints_carry_a_manifest(trained, tmp_path):
+    cfg, run = copy_run(trained, tmp_path)
+    result = runner.invoke(app, ["train", "-c", str(cfg), "--resume", "--no-progress", "--set", "train.max_steps=6",
+                                 "--set", "train.valid_every=3"])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["average", "-m", str(run), "--last", "2"]).exit_code == 0
+    assert (run / "checkpoints" / "average-last-2.json").is_file()
+    result = runner.invoke(app, ["translate", "-m", str(run / "checkpoints" / "average-last-2.safetensors"), "--no-progress"],
+                           input="hola\n")
+    assert result.exit_code == 0 and "cannot be fully verified" not in result.stderr, result.output
+
+
+def test_long_source_lines_are_reported_once_with_their_numbers(trained, tmp_path):
+    _, run = trained
+    src = tmp_path / "long.txt"
+    long_line = " ".join(["palabra"] * 400)
+    src.write_text(f"hola\n{long_line}\nadiós\n{long_line}\n", encoding="utf-8")
+    result = runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(tmp_path / "out.txt"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, result.stderr
+    assert "long.txt: 2 line(s) longer than the model's 254 source subwords" in warnings[0] and "(lines 2, 4)" in warnings[0]
