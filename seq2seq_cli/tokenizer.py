@@ -84,6 +84,8 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
             )
         except RuntimeError as exc:
             msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            if "sentences_.empty()" in msg:
+                raise UserError(f"{source}: no text to train the tokenizer on (every line is empty)") from None
             raise UserError(
                 f"{source}: SentencePiece could not train (tokenizer.vocab_size={t.vocab_size}): {msg}"
             ) from None

@@ -13,6 +13,7 @@ search itself stays on the fast path.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from torch import Tensor
 from tqdm import tqdm
 
@@ -69,6 +71,8 @@ class Translator:
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
         """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
         decode settings and are validated like the config."""
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+            raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
         model, config, run_dir, meta = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
@@ -78,8 +82,8 @@ class Translator:
         settings.update(overrides or {})
         try:
             decode = DecodeConfig(**settings)
-        except ValueError as exc:
-            raise UserError(f"decoding options: {str(exc).splitlines()[-1].strip()}") from None
+        except ValidationError as exc:
+            raise UserError(describe_decode_error(exc, overrides or {})) from None
         return cls(for_decoding(model), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
@@ -187,6 +191,21 @@ class Translator:
             for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress)):
                 yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
             done += len(chunk)
+
+
+def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:
+    """A rejected decoding option as one line: the flag (or the run's decode.* key), the value
+    and what is allowed."""
+    problems = []
+    for err in exc.errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if not err["loc"]:
+            problems.append(f"decoding options: {msg}")
+            continue
+        name = str(err["loc"][0])
+        where = f"--{name.replace('_', '-')}" if name in overrides else f"decode.{name} (the run's config)"
+        problems.append(f"{where} {err['input']!r}: {msg}")
+    return "; ".join(problems)
 
 
 def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path) -> None:

@@ -115,6 +115,23 @@ def file_as_run_dir(ws: Path) -> Path:
     return config_with(ws, "fileasrun", lambda r: r.update(run_dir=str(ws / "plainfile")))
 
 
+def empty_pair(ws: Path, name: str) -> Path:
+    for lang in ("es", "en"):
+        (ws / f"{name}.{lang}").write_bytes(b"")
+    return ws / name
+
+
+def zero_byte(config: Path, data: Path) -> Path:
+    """`config`, after emptying the data file it reads."""
+    data.write_bytes(b"")
+    return config
+
+
+def empty_file(ws: Path, name: str) -> Path:
+    (ws / name).write_bytes(b"")
+    return ws / name
+
+
 def run_variant(ws: Path, name: str, change: Callable[[Path], None]) -> Path:
     """A copy of the trained run, changed once."""
     run = ws / name
@@ -198,6 +215,16 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-empty-line": (
         lambda ws: ["train", "-c", corpus_with(ws, "blank", b"uno\ndos\n", b"one\n\n"), "--set", "data.on_empty=error"],
         ["blank.en:2: empty target sentence"], 1),
+    "data-empty-file": (
+        lambda ws: ["train", "-c", corpus_with(ws, "zerobyte", b"", b"")], ["zerobyte.es: empty file"], 1),
+    "data-empty-valid": (
+        lambda ws: ["train", "-c", config_with(ws, "zerovalid", lambda r: r["data"].update(valid=str(empty_pair(ws, "zerobytev"))))],
+        ["zerobytev.es: empty file"], 1),
+    "data-empty-tsv": (lambda ws: ["train", "-c", zero_byte(pairs_file(ws, "zero.tsv", []), ws / "zero.tsv")],
+                       ["zero.tsv: empty file"], 1),
+    "data-all-lines-empty": (
+        lambda ws: ["tokenize", "-c", corpus_with(ws, "allblank", b"\n\n", b"\n\n")],
+        ["no text to train the tokenizer on (every line is empty)"], 1),
     "data-tsv-columns": (
         lambda ws: ["train", "-c", pairs_file(ws, "pairs.tsv", ["uno\tone", "dos\ttwo\textra"])],
         ["pairs.tsv:2: expected 2 tab-separated columns (source, target), found 3"], 1),
@@ -252,6 +279,17 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "evaluate-line-count": (
         lambda ws: ["evaluate", "--hyp", ws / "hyp.txt", "--ref", ws / "ref.txt"],
         ["hyp.txt has 1 lines but", "ref.txt has 2"], 1),
+    "evaluate-empty": (
+        lambda ws: ["evaluate", "--hyp", empty_file(ws, "e-hyp.txt"), "--ref", empty_file(ws, "e-ref.txt")],
+        ["e-ref.txt: empty file (expected one reference per line"], 1),
+    "evaluate-empty-src": (
+        lambda ws: ["evaluate", "-m", ws / "run", "--src", empty_file(ws, "e-src.txt"), "--ref", empty_file(ws, "e-ref.txt")],
+        ["e-ref.txt: empty file"], 1),
+    "flag-device": (lambda ws: ["translate", "-m", ws / "run", "--device", "tpu"], ["--device 'tpu': expected auto, cpu or cuda"], 1),
+    "flag-decode-choice": (lambda ws: ["translate", "-m", ws / "run", "--length-penalty-type", "bogus"],
+                           ["--length-penalty-type 'bogus': Input should be 'average' or 'gnmt'"], 1),
+    "flag-decode-range": (lambda ws: ["translate", "-m", ws / "run", "--top-p", "2"],
+                          ["--top-p 2.0: Input should be less than or equal to 1"], 1),
     "evaluate-arguments": (lambda ws: ["evaluate", "--ref", ws / "ref.txt"], ["give either --hyp FILE, or --model RUN"], 1),
     # flags
     "flag-beam-zero": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "0"],
