@@ -33,7 +33,7 @@ from safetensors.torch import load_model, save_model
 
 from seq2seq_cli.config import Config, validate_config
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write, atomic_write_text
+from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 
 FORMAT_VERSION = "1"
@@ -121,6 +121,7 @@ def _link_set(ckpt_dir: Path, src: str, dst: str, roles: tuple[str, ...]) -> Non
     src_files, dst_files = _files(ckpt_dir, src), _files(ckpt_dir, dst)
     dst_files["manifest"].unlink(missing_ok=True)
     for role in roles:
+        remove_dead_temps(ckpt_dir, f".{dst_files[role].name}.")
         tmp = ckpt_dir / f".{dst_files[role].name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             os.link(src_files[role], tmp)

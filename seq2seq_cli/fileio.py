@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a file name to write")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(path.parent, f".{path.name}.")
     tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         write(tmp)
@@ -38,14 +40,46 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename == tmp:
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        if isinstance(exc, OSError) and exc.filename in (tmp, None) and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None  # e.g. a full disk while writing
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def remove_dead_temps(folder: Path, prefix: str) -> None:
+    """Remove the temporary files and directories named PREFIX<pid>.* that a process killed
+    before it could clean up left in `folder` (those of live processes stay)."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        rest = entry.name.removeprefix(prefix) if entry.name.startswith(prefix) else None
+        pid = rest.split(".", 1)[0] if rest else ""
+        if not pid.isdigit() or not entry.name.endswith(".tmp") or pid_alive(int(pid)):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            pass
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -16,6 +16,7 @@ import sentencepiece as spm
 from seq2seq_cli.config import Config
 from seq2seq_cli import runlock
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 
@@ -64,7 +65,8 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
     source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else config.data.train
     feed = {"input": [str(p) for p in inputs]} if isinstance(inputs, list) else {"sentence_iterator": inputs()}
     # Train into a temporary prefix and rename, so an interrupted run never leaves half a model.
-    with tempfile.TemporaryDirectory(dir=prefix.parent) as tmp:
+    remove_dead_temps(prefix.parent, ".spm-training.")
+    with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=f".spm-training.{os.getpid()}.", suffix=".tmp") as tmp:
         tmp_prefix = Path(tmp) / prefix.name
         try:
             spm.SentencePieceTrainer.train(

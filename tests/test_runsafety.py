@@ -198,3 +198,33 @@ def test_long_source_lines_are_reported_once_with_their_numbers(trained, tmp_pat
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1, result.stderr
     assert "long.txt: 2 line(s) longer than the model's 254 source subwords" in warnings[0] and "(lines 2, 4)" in warnings[0]
+
+
+def test_temporary_files_of_dead_processes_are_removed(tmp_path):
+    from seq2seq_cli.fileio import write_lines
+
+    dead = tmp_path / ".out.txt.1999999999.0badc0de.tmp"  # no process has this id
+    live = tmp_path / f".out.txt.{os.getpid()}.0badc0de.tmp"
+    dead_dir = tmp_path / ".spm-training.1999999999.x.tmp"
+    for p in (dead, live):
+        p.write_text("half\n", encoding="utf-8")
+    dead_dir.mkdir()
+    write_lines(tmp_path / "out.txt", ["a"])
+    assert not dead.exists() and live.exists()
+    from seq2seq_cli.fileio import remove_dead_temps
+
+    remove_dead_temps(tmp_path, ".spm-training.")
+    assert not dead_dir.exists()
+
+
+def test_write_errors_name_the_output_not_its_temporary_file(tmp_path):
+    from seq2seq_cli.fileio import write_lines
+
+    def full_disk():
+        yield "a"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError) as info:
+        write_lines(tmp_path / "out.txt", full_disk())
+    assert info.value.filename == str(tmp_path / "out.txt") and info.value.errno == 28
+    assert list(tmp_path.iterdir()) == []
