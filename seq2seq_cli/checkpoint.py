@@ -227,15 +227,15 @@ def check_safetensors_layout(path: Path) -> None:
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise UserError(f"{path}: not a safetensors file ({size} bytes, shorter than its header)")
+                raise UserError(f"{path}: not a readable checkpoint ({size} bytes, shorter than its header)")
             n = int.from_bytes(head, "little")
             if n > size - 8:
-                raise UserError(f"{path}: truncated (header of {n} bytes, file of {size})")
+                raise UserError(f"{path}: not a readable checkpoint (truncated: header of {n} bytes, file of {size})")
             header = json.loads(f.read(n))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not a safetensors file (header is not JSON: {exc})") from None
+        raise UserError(f"{path}: not a readable checkpoint (header is not JSON: {exc})") from None
     if not isinstance(header, dict):
-        raise UserError(f"{path}: not a safetensors file (header is not a JSON object)")
+        raise UserError(f"{path}: not a readable checkpoint (header is not a JSON object)")
     ranges = []
     for name, info in header.items():
         if name == "__metadata__":
@@ -245,17 +245,17 @@ def check_safetensors_layout(path: Path) -> None:
             count = math.prod(info["shape"])
             width = SAFETENSORS_DTYPE_BYTES[info["dtype"]]
         except (KeyError, TypeError, ValueError):
-            raise UserError(f"{path}: tensor {name!r} has a malformed header entry") from None
+            raise UserError(f"{path}: not a readable checkpoint (tensor {name!r} has a malformed header entry)") from None
         if end - begin != count * width:
-            raise UserError(f"{path}: tensor {name!r} has {end - begin} bytes, {count * width} expected for its shape")
+            raise UserError(f"{path}: not a readable checkpoint (tensor {name!r} has {end - begin} bytes, {count * width} expected for its shape)")
         ranges.append((begin, end))
     position = 0
     for begin, end in sorted(ranges):
         if begin != position:
-            raise UserError(f"{path}: tensor data overlaps or leaves gaps at byte {position}")
+            raise UserError(f"{path}: not a readable checkpoint (tensor data overlaps or leaves gaps at byte {position})")
         position = end
     if 8 + n + position != size:
-        raise UserError(f"{path}: truncated or padded: {size} bytes, the header describes {8 + n + position}")
+        raise UserError(f"{path}: not a readable checkpoint (truncated or padded: {size} bytes, the header describes {8 + n + position})")
 
 
 def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.device = "cpu") -> None:

@@ -105,9 +105,12 @@ def command_line() -> str:
 
 
 def has_checkpoints(run_dir: Path) -> bool:
-    """Whether the run directory holds any checkpoint weights."""
+    """Whether the run directory holds a finished checkpoint (a manifest, or `last`/`best`);
+    the unfinished files of a first save killed half-way do not make a run."""
     ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
-    return ckpt_dir.is_dir() and any(ckpt_dir.glob("*.safetensors"))
+    if not ckpt_dir.is_dir():
+        return False
+    return any(ckpt_dir.glob("*.json")) or any((ckpt_dir / f"{n}.safetensors").exists() for n in ("last", "best"))
 
 
 def check_fresh_start(run_dir: Path, resume: bool, overwrite: bool) -> None:

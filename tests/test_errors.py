@@ -262,7 +262,7 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
         ["spm.model: not a SentencePiece model"], 1),
     "model-unverified-truncated": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-cut", unverifiable_weights(lambda d: d[:-100]))],
-        ["best.safetensors: truncated or padded"], 1),
+        ["best.safetensors: not a readable checkpoint (truncated or padded"], 1),
     "model-unverified-nan": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-nan", unverifiable_weights(nan_weights))],
         ["best.safetensors: weights are damaged", "NaN or infinite"], 1),
