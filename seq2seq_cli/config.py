@@ -307,7 +307,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise UserError(f"{path}: config file not found")
     text = path.read_text(encoding="utf-8")
     try:
-        raw = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

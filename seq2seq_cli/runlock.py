@@ -55,7 +55,7 @@ def acquire(run_dir: Path, command: str) -> Path:
         f, count = _held[lock_path]
         _held[lock_path] = (f, count + 1)
         return lock_path
-    f = open(lock_path, "a+", encoding="utf-8")
+    f = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held open: the lock lives as long as the file)
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

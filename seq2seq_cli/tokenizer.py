@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 import sentencepiece as spm
 
-from seq2seq_cli.config import Config
 from seq2seq_cli import runlock
+from seq2seq_cli.config import Config
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK

@@ -27,9 +27,9 @@ from pydantic import ValidationError
 from torch import Tensor
 from tqdm import tqdm
 
+from seq2seq_cli.batching import pad_batch, token_batches
 from seq2seq_cli.checkpoint import load_checkpoint, resolve_checkpoint
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.batching import pad_batch, token_batches
 from seq2seq_cli.distributed import pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
