@@ -228,3 +228,16 @@ def test_write_errors_name_the_output_not_its_temporary_file(tmp_path):
         write_lines(tmp_path / "out.txt", full_disk())
     assert info.value.filename == str(tmp_path / "out.txt") and info.value.errno == 28
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_gives_the_lock_back_when_it_returns_or_fails(trained, tmp_path):
+    from seq2seq_cli.config import load_config
+    from seq2seq_cli.errors import UserError
+    from seq2seq_cli.train import train
+
+    cfg, run = copy_run(trained, tmp_path)
+    train(load_config(cfg, ["train.max_steps=4"]), resume=True, progress=False, log=lambda _: None)
+    assert runlock._held == {}
+    with pytest.raises(UserError):
+        train(load_config(cfg), progress=False, log=lambda _: None)  # refused: the run has checkpoints
+    assert runlock._held == {}
