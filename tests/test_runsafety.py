@@ -241,3 +241,27 @@ def test_train_gives_the_lock_back_when_it_returns_or_fails(trained, tmp_path):
     with pytest.raises(UserError):
         train(load_config(cfg), progress=False, log=lambda _: None)  # refused: the run has checkpoints
     assert runlock._held == {}
+
+
+def test_tokenize_killed_while_training_leaves_nothing_after_a_rerun(tmp_path):
+    """SIGKILL while SentencePiece trains: no lock is left, the rerun succeeds and removes the
+    dead process's temporary directory."""
+    cfg = make_config(tmp_path, "run", max_steps=1)
+    text = cfg.read_text(encoding="utf-8").replace(str(REPO / "data" / "bible-es-en" / "valid"),
+                                                   str(REPO / "data" / "bible-es-en" / "train"))
+    cfg.write_text(text, encoding="utf-8")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq_cli", "tokenize", "-c", str(cfg)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(run.glob(".spm-training.*")) and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    killed_mid_training = bool(list(run.glob(".spm-training.*")))
+    result = runner.invoke(app, ["tokenize", "-c", str(cfg)])
+    assert result.exit_code == 0, result.output
+    assert (run / "spm.model").is_file()
+    assert not list(run.glob(".spm-training.*")) and not list(run.glob("*.tmp"))
+    assert killed_mid_training  # the kill did land while SentencePiece was training
