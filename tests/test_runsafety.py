@@ -265,3 +265,11 @@ def test_tokenize_killed_while_training_leaves_nothing_after_a_rerun(tmp_path):
     assert (run / "spm.model").is_file()
     assert not list(run.glob(".spm-training.*")) and not list(run.glob("*.tmp"))
     assert killed_mid_training  # the kill did land while SentencePiece was training
+
+
+def test_writing_to_a_device_keeps_the_device(tmp_path):
+    from seq2seq_cli.fileio import write_lines
+
+    assert write_lines(Path(os.devnull), ["a", "b"]) == 2
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert not list(Path(os.devnull).parent.glob(".null.*.tmp"))
