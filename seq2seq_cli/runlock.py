@@ -101,7 +101,9 @@ def hold(run_dir: Path, command: str) -> Iterator[None]:
 def command_line() -> str:
     """This process's command, as shown to a second command that finds the run locked."""
     name = Path(sys.argv[0]).name if sys.argv else "python"
-    return " ".join([name, *sys.argv[1:3]]) if name == "seq2seq" else " ".join([name, *sys.argv[1:2]])
+    if name in ("seq2seq", "__main__.py"):  # the console script, or python -m seq2seq_cli
+        name = "seq2seq"
+    return " ".join([name, *sys.argv[1:2]])
 
 
 def has_checkpoints(run_dir: Path) -> bool:
