@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from safetensors.torch import load_model, save_model
 
 from seq2seq_cli.config import Config, validate_config
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write, atomic_write_text
+from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 
 FORMAT_VERSION = "1"
@@ -119,6 +121,7 @@ def _link_set(ckpt_dir: Path, src: str, dst: str, roles: tuple[str, ...]) -> Non
     src_files, dst_files = _files(ckpt_dir, src), _files(ckpt_dir, dst)
     dst_files["manifest"].unlink(missing_ok=True)
     for role in roles:
+        remove_dead_temps(ckpt_dir, f".{dst_files[role].name}.")
         tmp = ckpt_dir / f".{dst_files[role].name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             os.link(src_files[role], tmp)
@@ -192,16 +195,71 @@ def load_checkpoint(
     -> (model in eval mode, config, run directory, metadata)
     """
     run_dir, ckpt = resolve_checkpoint(model_path)
-    if ckpt.with_suffix(".json").is_file():
+    manifest = ckpt.with_suffix(".json").is_file()
+    if manifest:
         problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
         if problem is not None:
             raise UserError(f"{ckpt}: {problem}")
+    else:
+        check_safetensors_layout(ckpt)
     meta = read_metadata(ckpt)
     config = validate_config(json.loads(meta["config"]), f"{ckpt} (embedded config)")
     model = build_model(config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
     load_weights(model, ckpt, device)
+    if not manifest:
+        bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
+        if bad:
+            raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
+        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix('.json').name}), so the weights cannot be fully "
+              "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
     model.to(device).eval()
     return model, config, run_dir, meta
+
+
+SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                           "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def check_safetensors_layout(path: Path) -> None:
+    """What can be checked of a safetensors file without a manifest: the header is valid JSON,
+    each tensor's byte range fits its dtype and shape, the ranges tile the data exactly and the
+    file is as long as they say. UserError naming the first problem."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise UserError(f"{path}: not a readable checkpoint ({size} bytes, shorter than its header)")
+            n = int.from_bytes(head, "little")
+            if n > size - 8:
+                raise UserError(f"{path}: not a readable checkpoint (truncated: header of {n} bytes, file of {size})")
+            header = json.loads(f.read(n))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a readable checkpoint (header is not JSON: {exc})") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{path}: not a readable checkpoint (header is not a JSON object)")
+    ranges = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = info["data_offsets"]
+            count = math.prod(info["shape"])
+            width = SAFETENSORS_DTYPE_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{path}: not a readable checkpoint (tensor {name!r} has a malformed header entry)") from None
+        if end - begin != count * width:
+            raise UserError(f"{path}: not a readable checkpoint "
+                            f"(tensor {name!r} has {end - begin} bytes, {count * width} expected for its shape)")
+        ranges.append((begin, end))
+    position = 0
+    for begin, end in sorted(ranges):
+        if begin != position:
+            raise UserError(f"{path}: not a readable checkpoint (tensor data overlaps or leaves gaps at byte {position})")
+        position = end
+    if 8 + n + position != size:
+        raise UserError(f"{path}: not a readable checkpoint "
+                        f"(truncated or padded: {size} bytes, the header describes {8 + n + position})")
 
 
 def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.device = "cpu") -> None:
@@ -279,5 +337,9 @@ def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) ->
     dtypes = load_file(str(newest))
     averaged = {k: (v / len(names)).to(dtypes[k].dtype).contiguous() for k, v in total.items()}
     meta = {**read_metadata(newest), "averaged": ",".join(names)}
+    manifest = output.with_suffix(".json")
+    manifest.unlink(missing_ok=True)
     atomic_write(output, lambda tmp: save_file(averaged, tmp, metadata=meta))
+    atomic_write_text(manifest, json.dumps(
+        {"format_version": FORMAT_VERSION, "step": meta.get("step"), "sha256": {"weights": sha256(output)}}, indent=1))
     return output

@@ -165,6 +165,7 @@ def train(
     config: ConfigOpt,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over in a run directory that holds checkpoints: removes its checkpoints, metrics, TensorBoard events and plots (keeps the tokenizer and data cache).")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a model; checkpoints, metrics.jsonl and the resolved config go to the run directory."""
@@ -172,7 +173,7 @@ def train(
 
     cfg = _load(config, set_)
     try:
-        run_dir = run_training(cfg, resume=resume, progress=progress)
+        run_dir = run_training(cfg, resume=resume, progress=progress, overwrite=overwrite)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     typer.echo(str(run_dir))
@@ -296,8 +297,9 @@ def export(
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
 ) -> None:
     """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""
-    from seq2seq_cli.export import export_ctranslate2
+    from seq2seq_cli.export import check_export_target, export_ctranslate2
 
+    check_export_target(model, output)
     if format == "hf":
         from seq2seq_cli.interop.hf import export_hf
 

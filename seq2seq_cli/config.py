@@ -284,6 +284,27 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key repeated in one mapping (YAML would keep the last
+    silently: a repeated `model:` section would drop everything the first one set)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"duplicate key {key!r} (first on line {seen[key].start_mark.line + 1}; "
+                    "a repeated key would replace the first silently)",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config, apply `--set` overrides and validate; raise UserError with file:line on problems."""
     path = Path(path)
@@ -291,7 +312,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise UserError(f"{path}: config file not found")
     text = path.read_text(encoding="utf-8")
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

@@ -50,6 +50,8 @@ def evaluate(
     """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
     hypotheses to `output` when given)."""
     refs = read_lines(ref)
+    if not refs:
+        raise UserError(f"{ref}: empty file (expected one reference per line; nothing to score)")
     if hyp is not None:
         hyps = read_lines(hyp)
         other = hyp

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from seq2seq_cli.checkpoint import load_checkpoint
+from seq2seq_cli.checkpoint import load_checkpoint, resolve_checkpoint
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import MultiHeadAttention, Seq2SeqTransformer
-from seq2seq_cli.tokenizer import load_tokenizers
+from seq2seq_cli.tokenizer import check_vocab_sizes, load_tokenizers
 
 
 def _linear(spec, layer) -> None:
@@ -96,14 +96,36 @@ def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab:
     return spec
 
 
+def check_export_target(model_path: str | Path, output_dir: Path) -> None:
+    """Refuse an output directory that holds the model being exported (the run directory, its
+    checkpoints/ directory, or an ancestor of either): writing there, with --force, would delete it."""
+    run_dir, ckpt = resolve_checkpoint(model_path)
+    out = Path(output_dir).resolve()
+    for held in (run_dir.resolve(), ckpt.resolve().parent):
+        if held == out or held.is_relative_to(out):
+            raise UserError(f"{output_dir}: holds the model being exported ({ckpt}); export into another directory")
+
+
+def check_quantization(quantization: str | None) -> None:
+    """A CTranslate2 weight type, checked before anything is converted."""
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
+        raise UserError(f"--quantization {quantization!r}: expected one of {', '.join(ACCEPTED_MODEL_TYPES)}")
+
+
 def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: str | None = None, force: bool = False) -> Path:
     """Convert a run (or checkpoint) into a CTranslate2 model directory; returns it."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         raise UserError("CTranslate2 export needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
-    model, config, run_dir, _ = load_checkpoint(model_path, "cpu")
+    check_quantization(quantization)
+    check_export_target(model_path, output_dir)
+    model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
+    check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src_sp, tgt_sp,
+                      resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]))
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
     tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
     if output_dir.exists() and any(output_dir.iterdir()) and not force:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -19,24 +21,65 @@ from seq2seq_cli.errors import UserError
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file."""
+    """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file.
+
+    A file that exists keeps its permissions. Errors name `path`, never the temporary file."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected a file name to write")
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(path.parent, f".{path.name}.")
     tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        if path.is_file():
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename in (tmp, None) and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None  # e.g. a full disk while writing
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def remove_dead_temps(folder: Path, prefix: str) -> None:
+    """Remove the temporary files and directories named PREFIX<pid>.* that a process killed
+    before it could clean up left in `folder` (those of live processes stay)."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        rest = entry.name.removeprefix(prefix) if entry.name.startswith(prefix) else None
+        pid = rest.split(".", 1)[0] if rest else ""
+        if not pid.isdigit() or not entry.name.endswith(".tmp") or pid_alive(int(pid)):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            pass
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -96,9 +139,13 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
     """Write lines to `path` atomically (temp file, then rename) -> the number written.
 
     `lines` may be a generator: if it raises, the file at `path` is left as it was.
+    A symbolic link keeps pointing where it did (its target is replaced). Anything that is not
+    a regular file (a device such as /dev/null, a FIFO) is written to directly.
     """
     if not path.parent.is_dir():
         raise UserError(f"{path}: output directory {path.parent} does not exist")
+    if path.is_symlink():
+        path = path.resolve()
     count = 0
 
     def write(tmp: str) -> None:
@@ -108,5 +155,8 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
                 f.write(line + "\n")
                 count += 1
 
-    atomic_write(path, write)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        write(str(path))
+    else:
+        atomic_write(path, write)
     return count

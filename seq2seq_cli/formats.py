@@ -90,6 +90,8 @@ def _load_lines(path: Path, cache_dir: Path | None):
         while cause is not None and not isinstance(cause, UnicodeDecodeError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
+            if not isinstance(exc, (OSError, EOFError)) and check_utf8(path) == 0:
+                raise UserError(f"{path}: empty file (expected one sentence per line)") from None
             if isinstance(exc, (OSError, EOFError)):  # e.g. a damaged .gz file
                 raise UserError(f"{path}: could not be read ({exc})") from None
             raise

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from seq2seq_cli import runlock
 from seq2seq_cli.config import Config
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 
@@ -63,7 +65,8 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
     source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else config.data.train
     feed = {"input": [str(p) for p in inputs]} if isinstance(inputs, list) else {"sentence_iterator": inputs()}
     # Train into a temporary prefix and rename, so an interrupted run never leaves half a model.
-    with tempfile.TemporaryDirectory(dir=prefix.parent) as tmp:
+    remove_dead_temps(prefix.parent, ".spm-training.")
+    with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=f".spm-training.{os.getpid()}.", suffix=".tmp") as tmp:
         tmp_prefix = Path(tmp) / prefix.name
         try:
             spm.SentencePieceTrainer.train(
@@ -83,6 +86,8 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
             )
         except RuntimeError as exc:
             msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            if "sentences_.empty()" in msg:
+                raise UserError(f"{source}: no text to train the tokenizer on (every line is empty)") from None
             raise UserError(
                 f"{source}: SentencePiece could not train (tokenizer.vocab_size={t.vocab_size}): {msg}"
             ) from None
@@ -92,7 +97,26 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
 
 def train_tokenizer(config: Config) -> list[Path]:
     """Train the SentencePiece model(s) on the training split (or copy the ones
-    tokenizer.src_model/tgt_model name) into the run directory; return the model paths."""
+    tokenizer.src_model/tgt_model name) into the run directory; return the model paths.
+    The run directory is locked meanwhile; a run with checkpoints is refused (see
+    `check_tokenizer_replaceable`)."""
+
+    with runlock.hold(config.run_path, runlock.command_line()):
+        check_tokenizer_replaceable(config)
+        return _train_tokenizer(config)
+
+
+def check_tokenizer_replaceable(config: Config) -> None:
+    """A run with checkpoints keeps the tokenizer its model was trained with: a new one would
+    map the text to other ids and the model would answer gibberish."""
+    if runlock.has_checkpoints(config.run_path):
+        raise UserError(
+            f"{config.run_path}: holds checkpoints trained with its tokenizer; a new tokenizer would not "
+            "match them. Use another run_dir for a new tokenizer (or remove its checkpoints/ to start the run over)"
+        )
+
+
+def _train_tokenizer(config: Config) -> list[Path]:
     from seq2seq_cli.formats import read_split, split_source
 
     d, t = config.data, config.tokenizer
@@ -199,6 +223,30 @@ def load_tokenizers(
     for p in {src_path, tgt_path}:
         if not p.is_file():
             raise UserError(f"{p}: tokenizer model not found; run `seq2seq tokenize --config ...` first")
-    src = spm.SentencePieceProcessor(model_file=str(src_path))
-    tgt = src if joint else spm.SentencePieceProcessor(model_file=str(tgt_path))
+    src = _load_spm(src_path)
+    tgt = src if joint else _load_spm(tgt_path)
     return src, tgt
+
+
+def _load_spm(path: Path) -> spm.SentencePieceProcessor:
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a SentencePiece model ({detail})") from None
+
+
+def check_vocab_sizes(run_dir: Path, joint: bool, vocabulary: str, src: spm.SentencePieceProcessor,
+                      tgt: spm.SentencePieceProcessor, checkpoint: Path, src_vocab: int, tgt_vocab: int) -> None:
+    """Refuse a tokenizer whose vocabulary is not the one the checkpoint was trained with: the
+    ids would mean other pieces and the translations would be wrong without a word."""
+    if vocabulary == "file":
+        names = (run_dir / VOCAB_FILES["source"][1], run_dir / VOCAB_FILES["source" if joint else "target"][1])
+    else:
+        names = model_paths(run_dir, joint)
+    for side, path, tok, want in (("source", names[0], src, src_vocab), ("target", names[1], tgt, tgt_vocab)):
+        if tok.get_piece_size() != want:
+            raise UserError(
+                f"{path}: {side} tokenizer has {tok.get_piece_size()} pieces but {checkpoint} was trained with "
+                f"{want}; this tokenizer does not belong to the checkpoint"
+            )

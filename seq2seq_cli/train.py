@@ -23,6 +23,7 @@ import random
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from seq2seq_cli import checkpoint as ckpt
-from seq2seq_cli import distributed
+from seq2seq_cli import distributed, runlock
 from seq2seq_cli.batching import Batch, collate, epoch_batches, token_batches
 from seq2seq_cli.config import Config, TrainConfig, save_config
 from seq2seq_cli.distributed import Processes
@@ -384,12 +385,63 @@ def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.opt
     return state
 
 
+def check_tokenizer_size(config: Config) -> None:
+    """The recorded config must be the truth: a tokenizer already in the run that was trained
+    with another tokenizer.vocab_size than the config's is refused, not used under a wrong record."""
+    t = config.tokenizer
+    paths = model_paths(config.run_path, t.joint)
+    if t.src_model is not None or t.vocabulary != "sentencepiece" or not all(p.is_file() for p in paths):
+        return
+    for path, sp in zip(paths, load_tokenizers(config.run_path, t.joint)):
+        if sp.get_piece_size() != t.vocab_size:
+            raise UserError(
+                f"{path}: the run's tokenizer has {sp.get_piece_size()} pieces but tokenizer.vocab_size is "
+                f"{t.vocab_size}; keep vocab_size {sp.get_piece_size()}, or train a new tokenizer with "
+                f"`seq2seq tokenize` (or in another run_dir)"
+            )
+
+
+def claim_run_dir(config: Config, resume: bool, overwrite: bool, procs: Processes,
+                  log: Callable[[str], None]) -> Path | None:
+    """Lock the run directory (rank 0; see `runlock`) and check that this start loses no earlier
+    run: checkpoints there need --resume or --overwrite; --overwrite clears the old run's
+    outputs -> the lock to release (None on the other ranks)."""
+    lock = runlock.acquire(config.run_path, runlock.command_line()) if procs.main else None
+    try:
+        runlock.check_fresh_start(config.run_path, resume, overwrite)
+        check_tokenizer_size(config)
+        if overwrite and procs.main:
+            for path in runlock.clear_run(config.run_path):
+                log(f"--overwrite: removed {path}")
+    except BaseException:
+        if lock is not None:
+            runlock.release(lock)
+        raise
+    return lock
+
+
 def setup_run(config: Config, resume: bool, procs: Processes, device: torch.device,
-              log: Callable[[str], None] | None = None) -> tuple[Run, TrainState]:
-    """Everything a run needs before its loop: the run directory, data and tokenizer, model,
-    optimizer and scaler, and the state to start from (fresh, or the checkpoint's with --resume)."""
+              log: Callable[[str], None] | None = None, overwrite: bool = False) -> tuple[Run, TrainState]:
+    """Everything a run needs before its loop: the run directory (locked for as long as the
+    returned `Run` lives), data and tokenizer, model, optimizer and scaler, and the state to
+    start from (fresh, or the checkpoint's with --resume; --overwrite starts over)."""
     log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
     log = log if procs.main else (lambda msg: None)  # only the main process logs
+    lock = claim_run_dir(config, resume, overwrite, procs, log)
+    try:
+        run, state = build_run(config, resume, procs, device, log)
+    except BaseException:
+        if lock is not None:
+            runlock.release(lock)
+        raise
+    if lock is not None:
+        weakref.finalize(run, runlock.release, lock)
+    return run, state
+
+
+def build_run(config: Config, resume: bool, procs: Processes, device: torch.device,
+              log: Callable[[str], None]) -> tuple[Run, TrainState]:
+    """The body of `setup_run`, in a run directory already claimed."""
     t = config.train
     config.run_path.mkdir(parents=True, exist_ok=True)
     if t.threads:
@@ -557,14 +609,15 @@ def next_epoch(run: Run, state: TrainState) -> list[np.ndarray]:
 # --------------------------------------------------------------------------- the loop
 
 
-def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True) -> Path:
+def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True,
+          overwrite: bool = False) -> Path:
     """Train the model a config describes; return the run directory.
 
     Under torchrun every process calls this; see the module docstring."""
     procs, device = distributed.start(config.train.device)
     finished = False
     try:
-        run, state = setup_run(config, resume, procs, device, log)
+        run, state = setup_run(config, resume, procs, device, log, overwrite)
         t, ckpt_dir = config.train, run.ckpt_dir
         state.started = state.window_start = time.time()
         run.model.train()

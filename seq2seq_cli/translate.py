@@ -12,6 +12,8 @@ search itself stays on the fast path.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,11 +23,12 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from torch import Tensor
 from tqdm import tqdm
 
 from seq2seq_cli.batching import pad_batch, token_batches
-from seq2seq_cli.checkpoint import load_checkpoint
+from seq2seq_cli.checkpoint import load_checkpoint, resolve_checkpoint
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.distributed import pick_device
 from seq2seq_cli.errors import UserError
@@ -34,7 +37,7 @@ from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import load_tokenizers
+from seq2seq_cli.tokenizer import check_vocab_sizes, load_tokenizers
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -68,21 +71,29 @@ class Translator:
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
         """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
         decode settings and are validated like the config."""
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+            raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
-        model, config, run_dir, _ = load_checkpoint(model_path, dev)
+        model, config, run_dir, meta = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
+        check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src_sp, tgt_sp,
+                          resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]))
         settings = config.decode.model_dump()
         settings.update(overrides or {})
         try:
             decode = DecodeConfig(**settings)
-        except ValueError as exc:
-            raise UserError(f"decoding options: {str(exc).splitlines()[-1].strip()}") from None
+        except ValidationError as exc:
+            raise UserError(describe_decode_error(exc, overrides or {})) from None
         return cls(for_decoding(model), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        """Source ids + EOS, truncated to what the model's positions allow."""
+    def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
+        """Source ids + EOS, truncated to what the model's positions allow; the indices of the
+        lines cut short are appended to `cut` when given."""
         limit = self.model.cfg.max_positions - 1
-        return [s[: limit - 1] + [EOS] for s in self.src_sp.encode(lines)]
+        encoded = self.src_sp.encode(lines)
+        if cut is not None:
+            cut.extend(i for i, s in enumerate(encoded) if len(s) > limit - 1)
+        return [s[: limit - 1] + [EOS] for s in encoded]
 
     def translate_hypotheses(
         self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None
@@ -164,17 +175,37 @@ class Translator:
         return lines
 
     def translate_stream(
-        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None
+        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None,
+        cut: list[int] | None = None,
     ) -> Iterator[str]:
         """Translate an iterable of lines chunk by chunk; yields the output lines in order.
-        `progress` (a tqdm bar) advances by the sentences of each decoded batch."""
+        `progress` (a tqdm bar) advances by the sentences of each decoded batch; the line
+        numbers (from 1) of lines cut to the model's positions are appended to `cut`."""
         it = iter(lines)
         done = 0
         while chunk := [line.rstrip("\r\n") for line in islice(it, chunk_lines)]:
-            ids = self.encode(chunk)
+            cut_here: list[int] = []
+            ids = self.encode(chunk, cut_here)
+            if cut is not None:
+                cut.extend(done + i + 1 for i in cut_here)
             for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress)):
                 yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
             done += len(chunk)
+
+
+def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:
+    """A rejected decoding option as one line: the flag (or the run's decode.* key), the value
+    and what is allowed."""
+    problems = []
+    for err in exc.errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if not err["loc"]:
+            problems.append(f"decoding options: {msg}")
+            continue
+        name = str(err["loc"][0])
+        where = f"--{name.replace('_', '-')}" if name in overrides else f"decode.{name} (the run's config)"
+        problems.append(f"{where} {err['input']!r}: {msg}")
+    return "; ".join(problems)
 
 
 def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path) -> None:
@@ -206,6 +237,10 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
     opts = opts or OutputOptions()
     if out != "-" and not Path(out).parent.is_dir():
         raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
+    if out != "-" and Path(out).is_dir():
+        raise UserError(f"{out}: is a directory, expected a file name to write")
+    if out != "-" and src != "-" and Path(out).exists() and Path(src).exists() and os.path.samefile(src, out):
+        raise UserError(f"{out}: is the input file {src}; write the translation to another file")
     if src == "-":
         stream: Iterable[str] = sys.stdin
         chunk = 1 if sys.stdin.isatty() else CHUNK_LINES
@@ -214,15 +249,27 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
         stream = iter_lines(Path(src))
         chunk = CHUNK_LINES
+    cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_stream(stream, opts, chunk, bar)
+        outputs = translator.translate_stream(stream, opts, chunk, bar, cut)
         if out != "-":
-            return write_lines(Path(out), outputs)
-        count = 0
-        sink: TextIO = sys.stdout
-        for line in outputs:
-            sink.write(line + "\n")
-            if chunk == 1:
-                sink.flush()
-            count += 1
-        return count
+            count = write_lines(Path(out), outputs)
+        else:
+            count = 0
+            sink: TextIO = sys.stdout
+            for line in outputs:
+                sink.write(line + "\n")
+                if chunk == 1:
+                    sink.flush()
+                count += 1
+    if cut:
+        print(describe_cut(src, cut, translator.model.cfg.max_positions - 2), file=sys.stderr)
+    return count
+
+
+def describe_cut(src: str, cut: list[int], limit: int) -> str:
+    """The one warning of a file whose lines were cut to the model's positions."""
+    shown = ", ".join(map(str, cut[:10])) + (", ..." if len(cut) > 10 else "")
+    name = "stdin" if src == "-" else src
+    return (f"warning: {name}: {len(cut)} line(s) longer than the model's {limit} source subwords were cut "
+            f"to fit (lines {shown}); their translations cover only the beginning")

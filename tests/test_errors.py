@@ -90,6 +90,89 @@ def damaged_run(ws: Path) -> Path:
     return run
 
 
+_held_locks: list = []
+
+
+def locked_run(ws: Path) -> Path:
+    """A config whose run directory another holder has locked (an open file with the flock,
+    as another process's would be), with the holder's record in it."""
+    import fcntl
+    import json
+
+    cfg = config_with(ws, "locked")
+    run = ws / "run-locked"
+    run.mkdir(exist_ok=True)
+    f = open(run / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 (held open: it keeps the lock)
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.write(json.dumps({"pid": 4242, "command": "seq2seq train", "since": 0}) + "\n")
+    f.flush()
+    _held_locks.append(f)
+    return cfg
+
+
+def file_as_run_dir(ws: Path) -> Path:
+    (ws / "plainfile").write_text("x\n", encoding="utf-8")
+    return config_with(ws, "fileasrun", lambda r: r.update(run_dir=str(ws / "plainfile")))
+
+
+def empty_pair(ws: Path, name: str) -> Path:
+    for lang in ("es", "en"):
+        (ws / f"{name}.{lang}").write_bytes(b"")
+    return ws / name
+
+
+def zero_byte(config: Path, data: Path) -> Path:
+    """`config`, after emptying the data file it reads."""
+    data.write_bytes(b"")
+    return config
+
+
+def empty_file(ws: Path, name: str) -> Path:
+    (ws / name).write_bytes(b"")
+    return ws / name
+
+
+def run_variant(ws: Path, name: str, change: Callable[[Path], None]) -> Path:
+    """A copy of the trained run, changed once."""
+    run = ws / name
+    if not run.exists():
+        shutil.copytree(ws / "run", run)
+        change(run)
+    return run
+
+
+def other_tokenizer(run: Path) -> None:
+    import sentencepiece as spm
+
+    (run / "spm.model").unlink()
+    spm.SentencePieceTrainer.train(input=str(run.parent / "corpus" / "train.en"), model_prefix=str(run / "spm"),
+                                   vocab_size=200, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+
+
+def unverifiable_weights(broken: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    def change(run: Path) -> None:
+        weights = run / "checkpoints" / "best.safetensors"
+        data = weights.read_bytes()
+        weights.unlink()
+        (run / "checkpoints" / "best.json").unlink()
+        weights.write_bytes(broken(data))
+
+    return change
+
+
+def nan_weights(data: bytes) -> bytes:
+    """The first float32 tensor's values overwritten with NaN: header and sizes intact."""
+    import json
+    import struct
+
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    begin, end = header[name]["data_offsets"]
+    nan = struct.pack("<f", float("nan")) * ((end - begin) // 4)
+    return data[:8 + n + begin] + nan + data[8 + n + end:]
+
+
 # id -> (arguments, given the workspace; fragments of the error line; exit code)
 CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     # configuration
@@ -106,6 +189,12 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "config-bad-value": (
         lambda ws: ["train", "-c", config_with(ws, "badvalue", lambda r: r["model"].update(d_model=30, heads=4))],
         ["badvalue.yaml:", "d_model (30) must be divisible by heads (4)"], 1),
+    "config-duplicate-key": (
+        lambda ws: ["train", "-c", config_with(ws, "dupkey", text="name: x\nmodel:\n  d_model: 32\ndata: {}\nmodel:\n  heads: 2\n")],
+        ["dupkey.yaml:5: invalid YAML: duplicate key 'model' (first on line 2"], 1),
+    "config-vocab-size-differs": (
+        lambda ws: ["train", "-c", ws / "tiny.yaml", "--resume", "--set", "tokenizer.vocab_size=500"],
+        ["spm.model: the run's tokenizer has 300 pieces but tokenizer.vocab_size is 500"], 1),
     "config-missing-key": (
         lambda ws: ["train", "-c", config_with(ws, "nodata", lambda r: r.pop("data"))],
         ["nodata.yaml", "missing required key 'data'"], 1),
@@ -126,6 +215,16 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-empty-line": (
         lambda ws: ["train", "-c", corpus_with(ws, "blank", b"uno\ndos\n", b"one\n\n"), "--set", "data.on_empty=error"],
         ["blank.en:2: empty target sentence"], 1),
+    "data-empty-file": (
+        lambda ws: ["train", "-c", corpus_with(ws, "zerobyte", b"", b"")], ["zerobyte.es: empty file"], 1),
+    "data-empty-valid": (
+        lambda ws: ["train", "-c", config_with(ws, "zerovalid", lambda r: r["data"].update(valid=str(empty_pair(ws, "zerobytev"))))],
+        ["zerobytev.es: empty file"], 1),
+    "data-empty-tsv": (lambda ws: ["train", "-c", zero_byte(pairs_file(ws, "zero.tsv", []), ws / "zero.tsv")],
+                       ["zero.tsv: empty file"], 1),
+    "data-all-lines-empty": (
+        lambda ws: ["tokenize", "-c", corpus_with(ws, "allblank", b"\n\n", b"\n\n")],
+        ["no text to train the tokenizer on (every line is empty)"], 1),
     "data-tsv-columns": (
         lambda ws: ["train", "-c", pairs_file(ws, "pairs.tsv", ["uno\tone", "dos\ttwo\textra"])],
         ["pairs.tsv:2: expected 2 tab-separated columns (source, target), found 3"], 1),
@@ -135,21 +234,62 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-jsonl-field": (
         lambda ws: ["train", "-c", pairs_file(ws, "field.jsonl", ['{"es": "uno", "en": "one"}', '{"es": "dos"}'])],
         ["field.jsonl:2: expected string field(s) 'en'"], 1),
+    # run directory
+    "run-exists": (lambda ws: ["train", "-c", ws / "tiny.yaml"],
+                   ["holds the checkpoints of an earlier run", "--resume", "--overwrite"], 1),
+    "run-resume-overwrite": (lambda ws: ["train", "-c", ws / "tiny.yaml", "--resume", "--overwrite"],
+                             ["--resume and --overwrite exclude each other"], 1),
+    "run-locked": (lambda ws: ["train", "-c", locked_run(ws)],
+                   ["run-locked: run directory is in use by pid 4242 (seq2seq train, since"], 1),
+    "run-dir-is-file": (lambda ws: ["train", "-c", file_as_run_dir(ws)], ["plainfile: run_dir is a file"], 1),
+    "tokenize-trained-run": (lambda ws: ["tokenize", "-c", ws / "tiny.yaml"],
+                             ["holds checkpoints trained with its tokenizer", "another run_dir"], 1),
+    "export-onto-run": (lambda ws: ["export", ws / "run", "-m", ws / "run", "--force"],
+                        ["holds the model being exported"], 1),
+    "export-quantization": (lambda ws: ["export", ws / "ct2-bogus", "-m", ws / "run", "--quantization", "bogus"],
+                            ["--quantization 'bogus': expected one of int8"], 1),
     # model directory
     "model-missing": (lambda ws: ["translate", "-m", ws / "no-run"], ["no-run: model not found"], 1),
     "model-not-a-run": (lambda ws: ["translate", "-m", ws / "corpus"], ["corpus: no checkpoints/best.safetensors"], 1),
     "model-corrupted": (
         lambda ws: ["translate", "-m", damaged_run(ws) / "checkpoints" / "best.safetensors"],
         ["best.safetensors", "sha256"], 1),
+    "model-other-tokenizer": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-othertok", other_tokenizer)],
+        ["spm.model: source tokenizer has 200 pieces but", "best.safetensors was trained with 300"], 1),
+    "model-tokenizer-garbage": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-garbagetok", lambda r: (r / "spm.model").write_bytes(b"garbage"))],
+        ["spm.model: not a SentencePiece model"], 1),
+    "model-unverified-truncated": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-cut", unverifiable_weights(lambda d: d[:-100]))],
+        ["best.safetensors: not a readable checkpoint (truncated or padded"], 1),
+    "model-unverified-nan": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-nan", unverifiable_weights(nan_weights))],
+        ["best.safetensors: weights are damaged", "NaN or infinite"], 1),
     # translate and evaluate files
     "input-missing": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "none.txt"], ["none.txt: input file not found"], 1),
     "input-unreadable": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "corpus"], ["corpus: cannot read"], 1),
     "output-dir-missing": (
         lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "-o", ws / "nodir" / "out.txt"],
         ["out.txt: output directory", "does not exist"], 1),
+    "output-is-input": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "-o", ws / "in.txt"],
+                        ["in.txt: is the input file"], 1),
+    "output-is-directory": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "-o", ws / "corpus"],
+                            ["corpus: is a directory, expected a file name"], 1),
     "evaluate-line-count": (
         lambda ws: ["evaluate", "--hyp", ws / "hyp.txt", "--ref", ws / "ref.txt"],
         ["hyp.txt has 1 lines but", "ref.txt has 2"], 1),
+    "evaluate-empty": (
+        lambda ws: ["evaluate", "--hyp", empty_file(ws, "e-hyp.txt"), "--ref", empty_file(ws, "e-ref.txt")],
+        ["e-ref.txt: empty file (expected one reference per line"], 1),
+    "evaluate-empty-src": (
+        lambda ws: ["evaluate", "-m", ws / "run", "--src", empty_file(ws, "e-src.txt"), "--ref", empty_file(ws, "e-ref.txt")],
+        ["e-ref.txt: empty file"], 1),
+    "flag-device": (lambda ws: ["translate", "-m", ws / "run", "--device", "tpu"], ["--device 'tpu': expected auto, cpu or cuda"], 1),
+    "flag-decode-choice": (lambda ws: ["translate", "-m", ws / "run", "--length-penalty-type", "bogus"],
+                           ["--length-penalty-type 'bogus': Input should be 'average' or 'gnmt'"], 1),
+    "flag-decode-range": (lambda ws: ["translate", "-m", ws / "run", "--top-p", "2"],
+                          ["--top-p 2.0: Input should be less than or equal to 1"], 1),
     "evaluate-arguments": (lambda ws: ["evaluate", "--ref", ws / "ref.txt"], ["give either --hyp FILE, or --model RUN"], 1),
     # flags
     "flag-beam-zero": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "0"],

@@ -1,0 +1,142 @@
+"""Guards of a run directory: one writer at a time, and no run lost by starting over.
+
+`hold(run_dir, command)` takes an OS file lock (`fcntl.flock`) on `RUN/.lock` for as long as
+a command writes the run (`train`, `tokenize`). The lock belongs to the open file, so it dies
+with the process: a killed run leaves no stale lock. The holder writes its pid, command and
+start time into the file, so a second command can say who holds the run. Within one process
+the lock is re-entrant (`train` trains the tokenizer under its own lock).
+
+`check_fresh_start` refuses to start a run over a directory that holds checkpoints unless the
+user said `--resume` or `--overwrite`; `clear_run` removes what belonged to the old run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from seq2seq_cli.errors import UserError
+
+LOCK_NAME = ".lock"
+CHECKPOINT_DIR = "checkpoints"  # the name checkpoint.CHECKPOINT_DIR gives it
+# What belongs to one training run (removed by --overwrite); the tokenizer and the data cache stay.
+RUN_OUTPUTS = (CHECKPOINT_DIR, "metrics.jsonl", "tensorboard", "plots")
+
+_held: dict[Path, tuple[IO[str], int]] = {}  # lock path -> (open file, how many holders in this process)
+
+
+def _describe_holder(lock_path: Path) -> str:
+    try:
+        info = json.loads(lock_path.read_text(encoding="utf-8"))
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
+        return f"pid {info['pid']} ({info['command']}, since {since})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def acquire(run_dir: Path, command: str) -> Path:
+    """Lock `run_dir` for this process (re-entrant) -> the lock file's path; `release` it.
+
+    Raises UserError naming the holder when another process holds the run."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: run_dir is a file, expected a directory (or a path that does not exist yet)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = (run_dir / LOCK_NAME).resolve()
+    if lock_path in _held:
+        f, count = _held[lock_path]
+        _held[lock_path] = (f, count + 1)
+        return lock_path
+    f = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held open: the lock lives as long as the file)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise UserError(
+            f"{run_dir}: run directory is in use by {_describe_holder(lock_path)}; "
+            "wait for it to finish, or use another run_dir"
+        ) from None
+    except BaseException:
+        f.close()
+        raise
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}) + "\n")
+    f.flush()
+    _held[lock_path] = (f, 1)
+    return lock_path
+
+
+def release(lock_path: Path) -> None:
+    """Give back one hold of a lock taken by `acquire`; the last one unlocks the file."""
+    f, count = _held[lock_path]
+    if count > 1:
+        _held[lock_path] = (f, count - 1)
+        return
+    del _held[lock_path]
+    with contextlib.suppress(OSError):
+        f.seek(0)
+        f.truncate()
+    f.close()  # closing the file releases the flock
+
+
+@contextlib.contextmanager
+def hold(run_dir: Path, command: str) -> Iterator[None]:
+    """Hold the lock of `run_dir` for the body of the `with` (see `acquire`)."""
+    lock_path = acquire(run_dir, command)
+    try:
+        yield
+    finally:
+        release(lock_path)
+
+
+def command_line() -> str:
+    """This process's command, as shown to a second command that finds the run locked."""
+    name = Path(sys.argv[0]).name if sys.argv else "python"
+    if name in ("seq2seq", "__main__.py"):  # the console script, or python -m seq2seq_cli
+        name = "seq2seq"
+    return " ".join([name, *sys.argv[1:2]])
+
+
+def has_checkpoints(run_dir: Path) -> bool:
+    """Whether the run directory holds a finished checkpoint (a manifest, or `last`/`best`);
+    the unfinished files of a first save killed half-way do not make a run."""
+    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
+    if not ckpt_dir.is_dir():
+        return False
+    return any(ckpt_dir.glob("*.json")) or any((ckpt_dir / f"{n}.safetensors").exists() for n in ("last", "best"))
+
+
+def check_fresh_start(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to start over in a run directory that holds checkpoints, unless asked to."""
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other: continue the run, or start it over")
+    if not resume and not overwrite and has_checkpoints(run_dir):
+        raise UserError(
+            f"{run_dir}: holds the checkpoints of an earlier run; continue it with --resume, "
+            "or start over with --overwrite (removes its checkpoints and metrics)"
+        )
+
+
+def clear_run(run_dir: Path) -> list[Path]:
+    """Remove what belonged to an earlier training run (checkpoints, metrics, TensorBoard
+    events, plots); the tokenizer, the data cache and the config stay -> what was removed."""
+    removed = []
+    for name in RUN_OUTPUTS:
+        path = Path(run_dir) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(path)
+    return removed
