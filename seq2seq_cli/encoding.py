@@ -27,12 +27,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.formats import Source, quiet_datasets, read_split, split_source
 from seq2seq_cli.pages import PageRelease, release_pages
 
 CACHE_VERSION = 1
 ENCODE_BATCH = 1000
 PAIRS_FILE = "pairs.arrow"
+BUILDING = ".building-"  # RUN/cache/encoded/.building-PID.SPLIT-FINGERPRINT.tmp while a split is encoded
 
 
 class Drop(enum.IntEnum):
@@ -254,7 +256,9 @@ def encoded_split(
     if from_cache:
         log(f"reusing encoded {source.describe()} from {path}")
     else:
-        build = root / f"{path.name}.building-{os.getpid()}"
+        # what a killed encoding left behind (named by its process id) goes; a live one's stays
+        remove_dead_temps(root, BUILDING)
+        build = root / f"{BUILDING}{os.getpid()}.{path.name}.tmp"
         shutil.rmtree(build, ignore_errors=True)
         build.mkdir(parents=True)
         try:
@@ -268,7 +272,7 @@ def encoded_split(
             (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
             del encoded, raw
             for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
-                if "building" not in old.name:
+                if not old.name.startswith(BUILDING):
                     shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(path, ignore_errors=True)
             os.replace(build / "dataset", path)

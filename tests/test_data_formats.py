@@ -4,6 +4,7 @@ sampling is deterministic and resumable, supplied and separate SentencePiece mod
 
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 
@@ -270,3 +271,22 @@ def test_cached_corpus_is_memory_mapped_and_its_pages_can_be_released(tmp_path, 
     assert (again.src.tolist(), again.tgt_in.tolist(), again.tgt_out.tolist()) == \
         (first.src.tolist(), first.tgt_in.tolist(), first.tgt_out.tolist())
     assert first.src[0, : len(sp.encode(ES[-1])) + 1].tolist() == sp.encode(ES[-1]) + [EOS]
+
+
+def test_a_killed_encodings_leftovers_are_removed_and_a_live_ones_kept(tmp_path, models):
+    import subprocess
+    import sys
+
+    train = _all_formats(tmp_path)["tsv"][0]
+    config = _config(tmp_path, train)
+    uni = spm.SentencePieceProcessor(model_file=str(models["unigram"]))
+    root = config.run_path / "cache" / "encoded"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = root / f".building-{int(dead.stdout)}.train-0123.tmp"
+    live = root / f".building-{os.getppid()}.train-4567.tmp"  # a process that is still running
+    for d in (left, live):
+        (d / "dataset").mkdir(parents=True)
+        (d / "encoded.arrow").write_bytes(b"partial")
+    corpus = encoded_split(config, train, uni, uni, training=True)
+    assert len(corpus) and not left.exists() and live.exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".building-") and p != live]  # its own build is gone too
