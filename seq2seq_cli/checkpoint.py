@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from seq2seq_cli.config import Config, validate_config
+from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_config
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
@@ -212,19 +212,16 @@ def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.devi
         raise UserError(f"{path}: weights do not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
 
 
-ARCHITECTURE_KEYS = (
-    "d_model", "heads", "q_k_size", "v_size", "ffn_size", "encoder_layers", "decoder_layers",
-    "norm", "positions", "max_positions", "tie_embeddings", "bias",
-)
-
-
 def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int) -> None:
-    """Refuse to resume from a checkpoint of another architecture or vocabulary, naming the mismatch."""
+    """Refuse to resume from (or start from, with --init-from) a checkpoint of another
+    architecture or vocabulary, naming the mismatch. A key a checkpoint's config lacks
+    (saved before the key existed) holds its default."""
     meta = read_metadata(path)
     saved = json.loads(meta["config"])["model"]
     current = config.model.model_dump(mode="json")
-    diffs = [f"model.{k} {saved.get(k)!r} in the checkpoint, {current[k]!r} in the config"
-             for k in ARCHITECTURE_KEYS if saved.get(k) != current[k]]
+    defaults = ModelConfig().model_dump(mode="json")
+    diffs = [f"model.{k} {saved.get(k, defaults[k])!r} in the checkpoint, {current[k]!r} in the config"
+             for k in ARCHITECTURE_KEYS if saved.get(k, defaults[k]) != current[k]]
     for side, had, has in (("source", meta["src_vocab"], src_vocab), ("target", meta["tgt_vocab"], tgt_vocab)):
         if int(had) != has:
             diffs.append(f"{side} vocabulary {had} in the checkpoint, {has} in the run's tokenizer")

@@ -166,13 +166,17 @@ def train(
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    init_from: Annotated[Optional[str], typer.Option(
+        "--init-from", metavar="RUN_OR_CHECKPOINT",
+        help="Fine-tune: start from this run's weights (its best checkpoint, or the file given), with its "
+             "architecture and tokenizer; fresh optimizer and schedule.")] = None,
 ) -> None:
     """Train a model; checkpoints, metrics.jsonl and the resolved config go to the run directory."""
     from seq2seq_cli.train import train as run_training
 
     cfg = _load(config, set_)
     try:
-        run_dir = run_training(cfg, resume=resume, progress=progress)
+        run_dir = run_training(cfg, resume=resume, progress=progress, init_from=init_from)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     typer.echo(str(run_dir))
