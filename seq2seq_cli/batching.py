@@ -66,9 +66,9 @@ def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Te
     return torch.from_numpy(out)
 
 
-def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool, start: int = BOS) -> Tensor:
+def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool, first: int = BOS) -> Tensor:
     """Sequences given as lengths and concatenated values -> (B, T) with optional start
-    token (`start`, BOS unless the model starts from another id) and EOS."""
+    token (`first`, BOS unless the model starts from another id) and EOS."""
     lens = lens.astype(np.int64)
     start = int(bos)
     out = np.full((len(lens), int(lens.max(initial=0)) + start + int(eos)), PAD, dtype=np.int64)
@@ -76,7 +76,7 @@ def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool, start:
     cols = np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens) + start
     out[rows, cols] = values
     if bos:
-        out[:, 0] = start
+        out[:, 0] = first
     if eos:
         out[np.arange(len(lens)), lens + start] = EOS
     return torch.from_numpy(out)
