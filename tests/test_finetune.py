@@ -5,6 +5,7 @@ imported Marian model fine-tuned and then used for translation."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import SHIPPED, assert_same, make_config, train_records, weights
+from helpers import REPO, SHIPPED, assert_same, make_config, train_records, weights
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -82,17 +83,33 @@ def test_a_checkpoint_file_can_be_the_init(base, tmp_path):
     assert (run / "spm.model").is_file()
 
 
-@pytest.mark.parametrize("override, key", [("model.d_model=64", "model.d_model"),
-                                           ("tokenizer.vocab_size=500", "tokenizer.vocab_size"),
-                                           ("model.activation=swish", "model.activation")])
-def test_a_contradicting_config_is_refused_naming_the_key(base, tmp_path, override, key):
+ERROR_CASES = {  # case -> (extra arguments, init run or not, fragments of the one error line)
+    "finetune-architecture": (["--set", "model.d_model=64"], True,
+                              ["the config contradicts the run it starts from: model.d_model is 64 in the config, 32 in"]),
+    "finetune-activation": (["--set", "model.activation=swish"], True, ["model.activation is 'swish' in the config, 'relu' in"]),
+    "finetune-vocabulary": (["--set", "tokenizer.vocab_size=500"], True, ["tokenizer.vocab_size is 500 in the config, 300 in"]),
+    "finetune-not-a-run": ([], False, ["no checkpoints/best.safetensors or checkpoints/last.safetensors"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_bad_init_is_one_line_naming_the_problem(base, tmp_path, case):
+    extra, from_run, fragments = ERROR_CASES[case]
     cfg = make_config(tmp_path, "ft", max_steps=2)
-    r = runner.invoke(app, ["train", "--config", str(cfg), "--set", override, "--init-from", str(base), "--no-progress"])
-    assert r.exit_code != 0
+    init = base if from_run else tmp_path
+    r = runner.invoke(app, ["train", "--config", str(cfg), *extra, "--init-from", str(init), "--no-progress"])
+    assert r.exit_code == 1
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --init-from")
-    assert f"{key} is " in lines[0] and "in the config" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert all(f in lines[0] for f in fragments), lines[0]
     assert not (tmp_path / "ft" / "checkpoints").exists()
+
+
+def test_every_error_case_is_documented():
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("## Fine-tuning", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"}
+    assert documented == set(ERROR_CASES) | {"finetune-own-run"}
 
 
 def test_free_keys_and_defaults_follow_the_user_and_the_init_run(base, tmp_path):
