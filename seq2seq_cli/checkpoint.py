@@ -219,7 +219,7 @@ def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int)
     meta = read_metadata(path)
     saved = json.loads(meta["config"])["model"]
     current = config.model.model_dump(mode="json")
-    defaults = ModelConfig().model_dump(mode="json")
+    defaults = {k: f.default for k, f in ModelConfig.model_fields.items()}
     diffs = [f"model.{k} {saved.get(k, defaults[k])!r} in the checkpoint, {current[k]!r} in the config"
              for k in ARCHITECTURE_KEYS if saved.get(k, defaults[k]) != current[k]]
     for side, had, has in (("source", meta["src_vocab"], src_vocab), ("target", meta["tgt_vocab"], tgt_vocab)):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import enum
+import functools
 import json
 import math
 import random
@@ -39,7 +40,14 @@ from tqdm import tqdm
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import distributed
 from seq2seq_cli.batching import Batch, collate, epoch_batches, token_batches
-from seq2seq_cli.config import Config, TokenizerConfig, TrainConfig, inherit_architecture, save_config, validate_config
+from seq2seq_cli.config import (
+    Config,
+    TokenizerConfig,
+    TrainConfig,
+    inherit_architecture,
+    save_config,
+    validate_config,
+)
 from seq2seq_cli.distributed import Processes
 from seq2seq_cli.encoding import (
     EncodedCorpus,
@@ -54,7 +62,12 @@ from seq2seq_cli.ids import PAD
 from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import VOCAB_FILES, load_tokenizers, model_paths, train_tokenizer
+from seq2seq_cli.tokenizer import (
+    VOCAB_FILES,
+    load_tokenizers,
+    model_paths,
+    train_tokenizer,
+)
 
 
 def cpu_has_bf16() -> bool:
@@ -428,7 +441,7 @@ def copy_tokenizer(init: Init, config: Config, resume: bool) -> None:
             continue
         if not src.is_file():
             raise UserError(f"{src}: tokenizer file of the --init-from run not found")
-        atomic_write(dest, lambda tmp, src=src: shutil.copyfile(src, tmp))
+        atomic_write(dest, functools.partial(shutil.copyfile, src))
 
 
 def setup_run(config: Config, resume: bool, procs: Processes, device: torch.device,

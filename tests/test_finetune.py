@@ -78,7 +78,7 @@ def test_first_forward_sees_the_init_weights_and_the_step_count_restarts(base, t
 
 
 def test_a_checkpoint_file_can_be_the_init(base, tmp_path):
-    step = sorted((base / "checkpoints").glob("step-*.safetensors"))[0]
+    step = min((base / "checkpoints").glob("step-*.safetensors"))
     run = finetune(make_config(tmp_path, "ft", max_steps=1, valid_every=1), step)
     assert (run / "spm.model").is_file()
 
