@@ -66,8 +66,9 @@ def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Te
     return torch.from_numpy(out)
 
 
-def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool) -> Tensor:
-    """Sequences given as lengths and concatenated values -> (B, T) with optional BOS/EOS."""
+def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool, first: int = BOS) -> Tensor:
+    """Sequences given as lengths and concatenated values -> (B, T) with optional start
+    token (`first`, BOS unless the model starts from another id) and EOS."""
     lens = lens.astype(np.int64)
     start = int(bos)
     out = np.full((len(lens), int(lens.max(initial=0)) + start + int(eos)), PAD, dtype=np.int64)
@@ -75,7 +76,7 @@ def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool) -> Ten
     cols = np.arange(len(values)) - np.repeat(np.cumsum(lens) - lens, lens) + start
     out[rows, cols] = values
     if bos:
-        out[:, 0] = BOS
+        out[:, 0] = first
     if eos:
         out[np.arange(len(lens)), lens + start] = EOS
     return torch.from_numpy(out)
@@ -126,7 +127,7 @@ def _sample(corpus: EncodedCorpus, index: np.ndarray, key: tuple[int, ...]) -> t
 
 @dataclass(frozen=True)
 class Batch:
-    """One training or validation batch: src (B, S) ids+EOS, tgt_in (B, T) BOS+ids, tgt_out
+    """One training or validation batch: src (B, S) ids+EOS, tgt_in (B, T) start+ids, tgt_out
     (B, T) ids+EOS, and the non-pad token counts of src and tgt_out (known from the lengths,
     so nobody has to count them on the tensors)."""
 
@@ -144,7 +145,7 @@ class Batch:
 
 def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...] | None = None) -> Batch:
     """The pairs `index` of `corpus` as a `Batch` (EOS ends the source and the decoder's
-    output, BOS starts its input).
+    output, the corpus's `decoder_start` id, BOS or Marian's pad, starts its input).
 
     With `sample_key` (seed, epoch, batch) and subword sampling on, the batch is re-segmented
     by sampling, deterministically from the key."""
@@ -153,12 +154,12 @@ def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...
         src, tgt = _sample(corpus, index, sample_key)
         if corpus.release is not None:
             corpus.release()
-        return Batch(pad_batch(src, [], [EOS]), pad_batch(tgt, [BOS], []), pad_batch(tgt, [], [EOS]),
+        return Batch(pad_batch(src, [], [EOS]), pad_batch(tgt, [corpus.decoder_start], []), pad_batch(tgt, [], [EOS]),
                      sum(len(s) + 1 for s in src), sum(len(t) + 1 for t in tgt))
     src_lens, src_vals = _gather(corpus.table, "src_ids", index)
     tgt_lens, tgt_vals = _gather(corpus.table, "tgt_ids", index)
     if corpus.release is not None:
         corpus.release()
-    return Batch(_pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False),
+    return Batch(_pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False, corpus.decoder_start),
                  _pad_flat(tgt_lens, tgt_vals, False, True),
                  int(src_lens.sum()) + len(index), int(tgt_lens.sum()) + len(index))

@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from seq2seq_cli.config import Config, validate_config
+from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_config
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
@@ -274,19 +274,16 @@ def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.devi
         )
 
 
-ARCHITECTURE_KEYS = (
-    "d_model", "heads", "q_k_size", "v_size", "ffn_size", "encoder_layers", "decoder_layers",
-    "norm", "positions", "max_positions", "tie_embeddings", "bias",
-)
-
-
 def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int) -> None:
-    """Refuse to resume from a checkpoint of another architecture or vocabulary, naming the mismatch."""
+    """Refuse to resume from (or start from, with --init-from) a checkpoint of another
+    architecture or vocabulary, naming the mismatch. A key a checkpoint's config lacks
+    (saved before the key existed) holds its default."""
     meta = read_metadata(path)
     saved = json.loads(meta["config"])["model"]
     current = config.model.model_dump(mode="json")
-    diffs = [f"model.{k} {saved.get(k)!r} in the checkpoint, {current[k]!r} in the config"
-             for k in ARCHITECTURE_KEYS if saved.get(k) != current[k]]
+    defaults = {k: f.default for k, f in ModelConfig.model_fields.items()}
+    diffs = [f"model.{k} {saved.get(k, defaults[k])!r} in the checkpoint, {current[k]!r} in the config"
+             for k in ARCHITECTURE_KEYS if saved.get(k, defaults[k]) != current[k]]
     for side, had, has in (("source", meta["src_vocab"], src_vocab), ("target", meta["tgt_vocab"], tgt_vocab)):
         if int(had) != has:
             diffs.append(f"{side} vocabulary {had} in the checkpoint, {has} in the run's tokenizer")

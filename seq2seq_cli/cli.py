@@ -167,13 +167,17 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over in a run directory that holds checkpoints: removes its checkpoints, metrics, TensorBoard events and plots (keeps the tokenizer and data cache).")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    init_from: Annotated[str | None, typer.Option(
+        "--init-from", metavar="RUN_OR_CHECKPOINT",
+        help="Fine-tune: start from this run's weights (its best checkpoint, or the file given), with its "
+             "architecture and tokenizer; fresh optimizer and schedule.")] = None,
 ) -> None:
     """Train a model; checkpoints, metrics.jsonl and the resolved config go to the run directory."""
     from seq2seq_cli.train import train as run_training
 
     cfg = _load(config, set_)
     try:
-        run_dir = run_training(cfg, resume=resume, progress=progress, overwrite=overwrite)
+        run_dir = run_training(cfg, resume=resume, progress=progress, overwrite=overwrite, init_from=init_from)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     typer.echo(str(run_dir))

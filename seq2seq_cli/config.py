@@ -221,6 +221,42 @@ class Config(Section):
         return Path(self.run_dir or f"runs/{self.name}")
 
 
+# --------------------------------------------------------------------------- fine-tuning
+
+ARCHITECTURE_KEYS = (
+    "d_model", "heads", "q_k_size", "v_size", "ffn_size", "encoder_layers", "decoder_layers",
+    "norm", "positions", "max_positions", "token_types", "tie_embeddings", "bias", "activation",
+    "scale_embedding", "position_layout", "logits_bias", "decoder_start_id",
+)
+"""The `model` keys that shape the weights or what they compute; dropout rates are free."""
+
+VOCABULARY_KEYS = ("model_type", "vocab_size", "joint", "vocabulary", "src_model", "tgt_model")
+"""The `tokenizer` keys that decide the ids; sampling settings are free."""
+
+
+def inherit_architecture(config: Config, init: Config, source: str) -> Config:
+    """The config of a run that starts from the weights of a run configured as `init`: its
+    model and tokenizer sections are `init`'s, with the free keys the user set (dropout,
+    subword sampling, ...) applied over them. A key the user set that contradicts the
+    architecture or vocabulary of `init` is refused, named; data, train and decode are the
+    user's."""
+    diffs = []
+    sections = {"model": (config.model, init.model, ARCHITECTURE_KEYS),
+                "tokenizer": (config.tokenizer, init.tokenizer, VOCABULARY_KEYS)}
+    merged: dict[str, dict[str, Any]] = {}
+    for name, (mine, theirs, fixed) in sections.items():
+        given = mine.model_fields_set if name in config.model_fields_set else set()
+        for key in sorted(given & set(fixed)):
+            if getattr(mine, key) != getattr(theirs, key):
+                diffs.append(f"{name}.{key} is {getattr(mine, key)!r} in the config, {getattr(theirs, key)!r} in {source}")
+        merged[name] = {**theirs.model_dump(mode="json"), **{k: v for k, v in mine.model_dump(mode="json").items()
+                                                           if k in given and k not in fixed}}
+    if diffs:
+        raise UserError(f"--init-from {source}: the config contradicts the run it starts from: {'; '.join(diffs)} "
+                        "(remove these keys: the architecture and vocabulary come from that run)")
+    return validate_config({**config.model_dump(mode="json"), **merged}, f"config with --init-from {source}")
+
+
 # --------------------------------------------------------------------------- loading
 
 

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.formats import Source, quiet_datasets, read_split, split_source
+from seq2seq_cli.ids import BOS
 from seq2seq_cli.pages import PageRelease, release_pages
 
 CACHE_VERSION = 1
@@ -68,7 +69,8 @@ class Sampling:
 class EncodedCorpus:
     """Encoded pairs of one split, in an Arrow table with columns `src_ids` (EOS not included)
     and `tgt_ids` (no BOS/EOS), and `src`/`tgt` text when read from files. The length arrays
-    count EOS (source) or BOS/EOS (target)."""
+    count EOS (source) or BOS/EOS (target). `decoder_start` is the id that starts the
+    decoder's input (the model's `decoder_start_id`: bos, or pad in Marian models)."""
 
     table: pa.Table
     src_lens: np.ndarray
@@ -78,6 +80,7 @@ class EncodedCorpus:
     from_cache: bool = False
     cache_path: Path | None = None
     release: Callable[[], None] | None = None  # drops the memory map's pages from this process
+    decoder_start: int = BOS
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -203,9 +206,17 @@ def _fingerprint(source: Source, src_sp, tgt_sp, settings: dict[str, Any]) -> st
     h = hashlib.sha256()
     files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in source.files]
     h.update(json.dumps({"version": CACHE_VERSION, "format": source.format, "files": files, **settings}).encode())
-    h.update(src_sp.serialized_model_proto())
-    h.update(tgt_sp.serialized_model_proto())
+    h.update(_model_bytes(src_sp))
+    h.update(_model_bytes(tgt_sp))
     return h.hexdigest()[:20]
+
+
+def _model_bytes(tok: Any) -> bytes:
+    """What determines a tokenizer's ids: the SentencePiece model, and the vocabulary file's
+    mapping for a `VocabTokenizer`."""
+    if hasattr(tok, "vocab") and hasattr(tok, "sp"):
+        return tok.sp.serialized_model_proto() + json.dumps(tok.vocab, sort_keys=True).encode()
+    return tok.serialized_model_proto()
 
 
 def _empty_line(source: Source, index: int, side: str) -> UserError:
@@ -283,6 +294,7 @@ def encoded_split(
     corpus.from_cache, corpus.cache_path = from_cache, path
     corpus.release = PageRelease(path)
     corpus.release()  # reading the length columns mapped pages all over the file
+    corpus.decoder_start = config.model.decoder_start_id
     if training and t.sampling:
         corpus.sampling = Sampling(src_sp, tgt_sp, t.alpha, t.nbest, d.max_src_len, d.max_tgt_len)
     return corpus

@@ -18,8 +18,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import enum
+import functools
+import json
 import math
 import random
+import shutil
 import signal
 import sys
 import time
@@ -38,7 +41,14 @@ from tqdm import tqdm
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli import distributed, runlock
 from seq2seq_cli.batching import Batch, collate, epoch_batches, token_batches
-from seq2seq_cli.config import Config, TrainConfig, save_config
+from seq2seq_cli.config import (
+    Config,
+    TokenizerConfig,
+    TrainConfig,
+    inherit_architecture,
+    save_config,
+    validate_config,
+)
 from seq2seq_cli.distributed import Processes
 from seq2seq_cli.encoding import (
     EncodedCorpus,
@@ -47,11 +57,17 @@ from seq2seq_cli.encoding import (
     encoded_split,
 )
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write
 from seq2seq_cli.formats import read_split, split_source
 from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import load_tokenizers, model_paths, train_tokenizer
+from seq2seq_cli.tokenizer import (
+    VOCAB_FILES,
+    load_tokenizers,
+    model_paths,
+    train_tokenizer,
+)
 
 
 def cpu_has_bf16() -> bool:
@@ -350,10 +366,12 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     valid_raw = read_split(config, d.valid) if d.valid else None
     if d.on_empty == "error":
         check_no_empty_lines(read_split(config, d.train), d.train, d)
-    if not all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint)):
+    # a vocabulary file comes with its run (imported, or copied by --init-from): never trained here
+    have_tokenizer = all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint))
+    if config.tokenizer.vocabulary == "sentencepiece" and not have_tokenizer:
         log(f"no tokenizer in {run_dir}; training SentencePiece first")
         train_tokenizer(config)
-    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
+    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
     train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log)
     log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
     if not len(train_data):
@@ -420,16 +438,66 @@ def claim_run_dir(config: Config, resume: bool, overwrite: bool, procs: Processe
     return lock
 
 
+def tokenizer_files(run_dir: Path, t: TokenizerConfig) -> list[Path]:
+    """The files of a run's tokenizer: SentencePiece model(s) (with their .vocab listings when
+    present), or source.spm/target.spm and the vocabulary file(s)."""
+    if t.vocabulary == "file":
+        names = [*VOCAB_FILES["source"], VOCAB_FILES["target"][0], *([] if t.joint else [VOCAB_FILES["target"][1]])]
+        return [run_dir / name for name in names]
+    models = sorted(set(model_paths(run_dir, t.joint)))
+    return models + [p.with_suffix(".vocab") for p in models if p.with_suffix(".vocab").is_file()]
+
+
+@dataclass
+class Init:
+    """Where a fine-tuning run (--init-from) starts: a checkpoint and the run that holds it."""
+
+    run_dir: Path
+    weights: Path
+
+
+def init_from_run(config: Config, init_from: str | Path) -> tuple[Config, Init]:
+    """Resolve --init-from (a run directory: its best checkpoint, else last; or a checkpoint
+    file in a run's checkpoints/) -> (this run's config with that run's architecture and
+    vocabulary, where to start). A config that contradicts them is refused, naming the key."""
+    run_dir, weights = ckpt.resolve_checkpoint(init_from)
+    if run_dir.resolve() == config.run_path.resolve():
+        raise UserError(f"--init-from {init_from}: that is this run's own directory; continue it with --resume, "
+                        "or give the fine-tuning run another name or run_dir")
+    meta = ckpt.read_metadata(weights)
+    saved = validate_config(json.loads(meta["config"]), f"{weights} (embedded config)")
+    return inherit_architecture(config, saved, str(init_from)), Init(run_dir, weights)
+
+
+def copy_tokenizer(init: Init, config: Config, resume: bool) -> None:
+    """Copy the init run's tokenizer into this run, which then stands alone (translate,
+    evaluate and export need nothing else); on --resume the copy made at the start is kept."""
+    for src in tokenizer_files(init.run_dir, config.tokenizer):
+        dest = config.run_path / src.name
+        if resume and dest.is_file():
+            continue
+        if not src.is_file():
+            raise UserError(f"{src}: tokenizer file of the --init-from run not found")
+        atomic_write(dest, functools.partial(shutil.copyfile, src))
+
+
 def setup_run(config: Config, resume: bool, procs: Processes, device: torch.device,
-              log: Callable[[str], None] | None = None, overwrite: bool = False) -> tuple[Run, TrainState]:
+              log: Callable[[str], None] | None = None, overwrite: bool = False,
+              init_from: str | Path | None = None) -> tuple[Run, TrainState]:
     """Everything a run needs before its loop: the run directory (locked for as long as the
     returned `Run` lives), data and tokenizer, model, optimizer and scaler, and the state to
-    start from (fresh, or the checkpoint's with --resume; --overwrite starts over)."""
+    start from (fresh, or the checkpoint's with --resume; --overwrite starts over).
+    With `init_from` the model starts from that run's weights, with its architecture and
+    tokenizer, and a fresh optimizer, schedule and step count; --resume then continues from
+    this run's own checkpoints."""
     log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
     log = log if procs.main else (lambda msg: None)  # only the main process logs
+    init = None
+    if init_from is not None:
+        config, init = init_from_run(config, init_from)
     lock = claim_run_dir(config, resume, overwrite, procs, log)
     try:
-        run, state = build_run(config, resume, procs, device, log)
+        run, state = build_run(config, resume, procs, device, log, init)
     except BaseException:
         if lock is not None:
             runlock.release(lock)
@@ -440,10 +508,12 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
 
 
 def build_run(config: Config, resume: bool, procs: Processes, device: torch.device,
-              log: Callable[[str], None]) -> tuple[Run, TrainState]:
+              log: Callable[[str], None], init: Init | None = None) -> tuple[Run, TrainState]:
     """The body of `setup_run`, in a run directory already claimed."""
     t = config.train
     config.run_path.mkdir(parents=True, exist_ok=True)
+    if init is not None and procs.main:
+        copy_tokenizer(init, config, resume)
     if t.threads:
         torch.set_num_threads(t.threads)
     torch.manual_seed(t.seed)
@@ -458,6 +528,10 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {where}, {resolve_precision(t.precision, device)}")
     if procs.world > 1:
         torch.manual_seed(t.seed + procs.rank)  # the same initial weights, but each process its own dropout
+    if init is not None and not resume:
+        ckpt.check_compatible(init.weights, config, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size())
+        ckpt.load_weights(model, init.weights, device)
+        log(f"initialised from {init.weights}; fresh optimizer and schedule from step 0")
     state = resume_state(config, model, optimizer, scaler, data, procs, device, log) if resume else TrainState()
 
     net: nn.Module = model
@@ -610,14 +684,16 @@ def next_epoch(run: Run, state: TrainState) -> list[np.ndarray]:
 
 
 def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True,
-          overwrite: bool = False) -> Path:
-    """Train the model a config describes; return the run directory.
+          overwrite: bool = False, init_from: str | Path | None = None) -> Path:
+    """Train the model a config describes; return the run directory. `init_from` (a run
+    directory or checkpoint) starts from its weights instead of random ones: fine-tuning.
 
     Under torchrun every process calls this; see the module docstring."""
     procs, device = distributed.start(config.train.device)
     finished = False
     try:
-        run, state = setup_run(config, resume, procs, device, log, overwrite)
+        run, state = setup_run(config, resume, procs, device, log, overwrite, init_from)
+        config = run.config  # with --init-from, the architecture and tokenizer of the init run
         t, ckpt_dir = config.train, run.ckpt_dir
         state.started = state.window_start = time.time()
         run.model.train()
