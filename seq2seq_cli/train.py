@@ -70,8 +70,10 @@ from seq2seq_cli.tokenizer import (
 )
 
 
+@functools.cache
 def cpu_has_bf16() -> bool:
-    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16)."""
+    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16); asked
+    once per process (autocast resolves the precision for every batch)."""
     try:
         caps = torch._C._cpu._get_cpu_capability()
     except (AttributeError, RuntimeError):  # a build of torch without the query: assume not
