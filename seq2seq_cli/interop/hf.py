@@ -66,24 +66,20 @@ def layer_names(encoder_layers: int, decoder_layers: int) -> list[tuple[str, str
     def add(ours: str, theirs: str) -> None:
         pairs.extend((f"{ours}.{p}", f"{theirs}.{p}") for p in ("weight", "bias"))
 
+    def add_layer(o: str, t: str, attention: dict[str, str], norms: dict[str, str]) -> None:
+        """One layer: its attention projections, the FFN and the LayerNorms (ours -> Marian's)."""
+        for ours, theirs in attention.items():
+            for a, b in attn.items():
+                add(f"{o}.{ours}.{a}", f"{t}.{theirs}.{b}")
+        for ours, theirs in {**norms, "ffn.w_1": "fc1", "ffn.w_2": "fc2", "ffn_block.norm": "final_layer_norm"}.items():
+            add(f"{o}.{ours}", f"{t}.{theirs}")
+
     for i in range(encoder_layers):
-        o, t = f"encoder.{i}", f"model.encoder.layers.{i}"
-        for a, b in attn.items():
-            add(f"{o}.self_attn.{a}", f"{t}.self_attn.{b}")
-        add(f"{o}.attn_block.norm", f"{t}.self_attn_layer_norm")
-        add(f"{o}.ffn.w_1", f"{t}.fc1")
-        add(f"{o}.ffn.w_2", f"{t}.fc2")
-        add(f"{o}.ffn_block.norm", f"{t}.final_layer_norm")
+        add_layer(f"encoder.{i}", f"model.encoder.layers.{i}", {"self_attn": "self_attn"},
+                  {"attn_block.norm": "self_attn_layer_norm"})
     for i in range(decoder_layers):
-        o, t = f"decoder.{i}", f"model.decoder.layers.{i}"
-        for a, b in attn.items():
-            add(f"{o}.self_attn.{a}", f"{t}.self_attn.{b}")
-            add(f"{o}.cross_attn.{a}", f"{t}.encoder_attn.{b}")
-        add(f"{o}.self_block.norm", f"{t}.self_attn_layer_norm")
-        add(f"{o}.cross_block.norm", f"{t}.encoder_attn_layer_norm")
-        add(f"{o}.ffn.w_1", f"{t}.fc1")
-        add(f"{o}.ffn.w_2", f"{t}.fc2")
-        add(f"{o}.ffn_block.norm", f"{t}.final_layer_norm")
+        add_layer(f"decoder.{i}", f"model.decoder.layers.{i}", {"self_attn": "self_attn", "cross_attn": "encoder_attn"},
+                  {"self_block.norm": "self_attn_layer_norm", "cross_block.norm": "encoder_attn_layer_norm"})
     return pairs
 
 
