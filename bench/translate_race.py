@@ -1,0 +1,130 @@
+"""The translation race: `seq2seq translate` (the command, as a process) against CTranslate2's
+`Translator.translate_file` on the export of the same run, same CPU, same run of this script.
+
+Each system is a whole process, timed from its start to its exit (imports, model load,
+tokenisation, decoding, writing): ours is `python -m seq2seq_cli translate`, CTranslate2's a
+small Python program around `translate_file` (token batches of 4,096, SentencePiece in and
+out through the run's own model). Both decode with beam 5 and 2 threads, in fp32 and in int8
+(ours `--quantize int8`, CTranslate2 `compute_type="int8"` on the fp32 export). Inputs: the
+test split and the test split repeated 10 times. Runs alternate between systems, round by
+round, so load from other processes falls on all of them alike; each keeps its median wall
+time and peak resident memory (the process's own `ru_maxrss`). Each output is scored with
+sacreBLEU against the reference.
+
+    python bench/translate_race.py runs/quickstart                 # trains nothing
+    python bench/translate_race.py runs/quickstart --rounds 3 --inputs test --precisions fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CT2_PROGRAM = """
+import sys, ctranslate2, sentencepiece as spm
+model, sp_path, src, out, compute_type, beam, threads, batch = sys.argv[1:9]
+sp = spm.SentencePieceProcessor(model_file=sp_path)
+t = ctranslate2.Translator(model, device="cpu", compute_type=compute_type, intra_threads=int(threads), inter_threads=1)
+t.translate_file(src, out, max_batch_size=int(batch), batch_type="tokens", beam_size=int(beam),
+                 source_tokenize_fn=lambda line: sp.encode(line, out_type=str),
+                 target_detokenize_fn=lambda tokens: sp.decode(tokens))
+"""
+
+
+def run_timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Run `cmd` to its end -> (wall seconds, peak resident MiB of that process)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{' '.join(cmd[:4])} ... failed:\n{err[-2000:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def bleu(hyp: Path, ref: Path) -> float:
+    import sacrebleu
+
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    refs = ref.read_text(encoding="utf-8").splitlines()
+    return sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="trained run directory (e.g. the quick start's)")
+    ap.add_argument("--src", type=Path, default=Path("data/bible-es-en/test.es"))
+    ap.add_argument("--ref", type=Path, default=Path("data/bible-es-en/test.en"))
+    ap.add_argument("--repeat", type=int, default=10, help="the long input is the source repeated this many times")
+    ap.add_argument("--inputs", default="test,long", help="comma list of: test, long")
+    ap.add_argument("--precisions", default="fp32,int8", help="comma list of: fp32, int8")
+    ap.add_argument("--systems", default="ours,ct2", help="comma list of: ours, ct2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the medians here")
+    args = ap.parse_args()
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
+    work = Path(tempfile.mkdtemp(prefix="translate-race-"))
+    ct2_dir = work / "ct2"
+    subprocess.run([sys.executable, "-m", "seq2seq_cli", "export", "--model", str(args.run), str(ct2_dir)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    inputs = {"test": (args.src, args.ref)}
+    if "long" in args.inputs.split(","):
+        long_src, long_ref = work / "long.src", work / "long.ref"
+        long_src.write_text(args.src.read_text(encoding="utf-8") * args.repeat, encoding="utf-8")
+        long_ref.write_text(args.ref.read_text(encoding="utf-8") * args.repeat, encoding="utf-8")
+        inputs["long"] = (long_src, long_ref)
+    inputs = {k: v for k, v in inputs.items() if k in args.inputs.split(",")}
+
+    def command(system: str, precision: str, src: Path, out: Path) -> list[str]:
+        if system == "ours":
+            cmd = [sys.executable, "-m", "seq2seq_cli", "translate", "--model", str(args.run), "-i", str(src),
+                   "-o", str(out), "--beam-size", str(args.beam)]
+            return cmd + (["--quantize", "int8"] if precision == "int8" else [])
+        compute = "int8" if precision == "int8" else "float32"
+        return [sys.executable, "-c", CT2_PROGRAM, str(ct2_dir), str(args.run / "spm.model"), str(src), str(out),
+                compute, str(args.beam), str(args.threads), "4096"]
+
+    cases = [(i, p, s) for i in inputs for p in args.precisions.split(",") for s in args.systems.split(",")]
+    times: dict[tuple[str, str, str], list[tuple[float, float]]] = {c: [] for c in cases}
+    for r in range(args.rounds):
+        for case in cases:
+            name, precision, system = case
+            out = work / f"{name}.{precision}.{system}.out"
+            times[case].append(run_timed(command(system, precision, inputs[name][0], out), env))
+            print(f"round {r + 1} {name:4} {precision} {system:4} {times[case][-1][0]:7.2f} s "
+                  f"{times[case][-1][1]:6.0f} MiB", file=sys.stderr)
+
+    rows = []
+    for case in cases:
+        name, precision, system = case
+        lines = sum(1 for _ in inputs[name][0].open(encoding="utf-8"))
+        wall = statistics.median(t for t, _ in times[case])
+        mem = statistics.median(m for _, m in times[case])
+        score = bleu(work / f"{name}.{precision}.{system}.out", inputs[name][1])
+        rows.append({"input": name, "lines": lines, "precision": precision, "system": system, "wall_s": wall,
+                     "sent_per_s": lines / wall, "peak_mib": mem, "bleu": score})
+    print(f"\n{'input':6} {'prec':5} {'system':6} {'wall s':>7} {'sent/s':>7} {'MiB':>6} {'BLEU':>6}  vs ct2")
+    for row in rows:
+        peer = next((p for p in rows if p["system"] == "ct2" and p["input"] == row["input"]
+                     and p["precision"] == row["precision"]), None)
+        ratio = f"{peer['wall_s'] / row['wall_s']:.2f}x speed, {row['peak_mib'] / peer['peak_mib']:.2f}x memory" if peer else ""
+        print(f"{row['input']:6} {row['precision']:5} {row['system']:6} {row['wall_s']:7.2f} {row['sent_per_s']:7.1f} "
+              f"{row['peak_mib']:6.0f} {row['bleu']:6.2f}  {ratio}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print(f"outputs kept in {work}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
