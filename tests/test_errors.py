@@ -152,6 +152,16 @@ def other_tokenizer(run: Path) -> None:
                                    vocab_size=200, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
 
 
+def same_size_tokenizer(run: Path) -> None:
+    """Another SentencePiece model of the run's size (BPE on the same text): the sizes match."""
+    import sentencepiece as spm
+
+    (run / "spm.model").unlink()
+    corpus = run.parent / "corpus"
+    spm.SentencePieceTrainer.train(input=[str(corpus / "train.es"), str(corpus / "train.en")], model_prefix=str(run / "spm"),
+                                   model_type="bpe", vocab_size=300, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+
+
 def unverifiable_weights(broken: Callable[[bytes], bytes]) -> Callable[[Path], None]:
     def change(run: Path) -> None:
         weights = run / "checkpoints" / "best.safetensors"
@@ -260,6 +270,9 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "model-other-tokenizer": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-othertok", other_tokenizer)],
         ["spm.model: source tokenizer has 200 pieces but", "best.safetensors was trained with 300"], 1),
+    "model-foreign-tokenizer": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-foreigntok", same_size_tokenizer)],
+        ["run-foreigntok/spm.model: tokenizer is not the one", "best.safetensors was trained with", "sha256 differs"], 1),
     "model-tokenizer-garbage": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-garbagetok", lambda r: (r / "spm.model").write_bytes(b"garbage"))],
         ["spm.model: not a SentencePiece model"], 1),
