@@ -10,7 +10,8 @@ Layout inside a run directory:
     checkpoints/average-last-N.safetensors                  written by `seq2seq average`
 
 NAME.safetensors holds the weights and metadata (format version, config, vocabulary sizes,
-step); NAME.state.pt the optimizer, RNG states, data position and counters for --resume;
+step, and `tokenizer_sha256`: the sha256 of the run's tokenizer files, compared when the
+checkpoint is used); NAME.state.pt the optimizer, RNG states, data position and counters for --resume;
 NAME.json the manifest {"format_version", "step", "sha256": {"weights", "state"}}.
 """
 
@@ -35,6 +36,7 @@ from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
+from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_fingerprint, tokenizer_fingerprint
 
 FORMAT_VERSION = "1"
 CHECKPOINT_DIR = "checkpoints"
@@ -98,7 +100,8 @@ def save_checkpoint(
     when asked) at it with hard links, and delete all but the newest `keep_last` step saves."""
     name = step_name(step)
     files = _files(ckpt_dir, name)
-    save_weights(files["weights"], model, config, meta)
+    fingerprint = tokenizer_fingerprint(ckpt_dir.parent, config.tokenizer.joint, config.tokenizer.vocabulary)
+    save_weights(files["weights"], model, config, {**meta, **({TOKENIZER_SHA256: fingerprint} if fingerprint else {})})
     save_train_state(files["state"], train_state)
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -276,7 +279,8 @@ def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.devi
 
 def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int) -> None:
     """Refuse to resume from (or start from, with --init-from) a checkpoint of another
-    architecture or vocabulary, naming the mismatch. A key a checkpoint's config lacks
+    architecture or vocabulary, or one that records another tokenizer than the run's, naming
+    the mismatch. A key a checkpoint's config lacks
     (saved before the key existed) holds its default."""
     meta = read_metadata(path)
     saved = json.loads(meta["config"])["model"]
@@ -289,6 +293,7 @@ def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int)
             diffs.append(f"{side} vocabulary {had} in the checkpoint, {has} in the run's tokenizer")
     if diffs:
         raise UserError(f"{path}: checkpoint does not match: {'; '.join(diffs)}")
+    check_fingerprint(config.run_path, path, meta.get(TOKENIZER_SHA256))
 
 
 def save_train_state(path: Path, state: dict[str, Any]) -> None:

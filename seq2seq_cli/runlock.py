@@ -6,7 +6,8 @@ with the process: a killed run leaves no stale lock. The holder writes its pid, 
 start time into the file, so a second command can say who holds the run. Within one process
 the lock is re-entrant (`train` trains the tokenizer under its own lock).
 
-`check_fresh_start` refuses to start a run over a directory that holds checkpoints unless the
+`check_writable` names a run directory this process may not write (or create), before
+anything is written into it. `check_fresh_start` refuses to start a run over a directory that holds checkpoints unless the
 user said `--resume` or `--overwrite`; `clear_run` removes what belonged to the old run.
 """
 
@@ -49,7 +50,7 @@ def acquire(run_dir: Path, command: str) -> Path:
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir}: run_dir is a file, expected a directory (or a path that does not exist yet)")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(run_dir)
     lock_path = (run_dir / LOCK_NAME).resolve()
     if lock_path in _held:
         f, count = _held[lock_path]
@@ -73,6 +74,20 @@ def acquire(run_dir: Path, command: str) -> Path:
     f.flush()
     _held[lock_path] = (f, 1)
     return lock_path
+
+
+def check_writable(run_dir: Path) -> None:
+    """Create `run_dir` if need be and check that this process may write in it, so that a
+    read-only run directory is named as such, not blamed on the first file written there
+    (a data cache, the lock, the config)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f" in {Path(exc.filename).parent}" if exc.filename else ""
+        raise UserError(f"{run_dir}: run directory cannot be created ({exc.strerror or exc}{where}); "
+                        "use a run_dir in a writable place") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise UserError(f"{run_dir}: run directory is not writable; make it writable (chmod u+w), or use another run_dir")
 
 
 def release(lock_path: Path) -> None:

@@ -5,6 +5,8 @@ Ids are fixed for every model: pad 0, unk 1, bos 2, eos 3.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -194,8 +196,6 @@ class VocabTokenizer:
 
 def read_vocab(path: Path) -> dict[str, int]:
     """A vocabulary file: a JSON object piece -> id with ids 0..N-1, each once."""
-    import json
-
     try:
         vocab = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -237,9 +237,12 @@ def _load_spm(path: Path) -> spm.SentencePieceProcessor:
 
 
 def check_vocab_sizes(run_dir: Path, joint: bool, vocabulary: str, src: spm.SentencePieceProcessor,
-                      tgt: spm.SentencePieceProcessor, checkpoint: Path, src_vocab: int, tgt_vocab: int) -> None:
+                      tgt: spm.SentencePieceProcessor, checkpoint: Path, src_vocab: int, tgt_vocab: int,
+                      fingerprint: str | None = None) -> None:
     """Refuse a tokenizer whose vocabulary is not the one the checkpoint was trained with: the
-    ids would mean other pieces and the translations would be wrong without a word."""
+    ids would mean other pieces and the translations would be wrong without a word. The sizes
+    are compared first; then, when the checkpoint records one (its `TOKENIZER_SHA256`
+    metadata), the `fingerprint` of the tokenizer files (see `check_fingerprint`)."""
     if vocabulary == "file":
         names = (run_dir / VOCAB_FILES["source"][1], run_dir / VOCAB_FILES["source" if joint else "target"][1])
     else:
@@ -249,4 +252,52 @@ def check_vocab_sizes(run_dir: Path, joint: bool, vocabulary: str, src: spm.Sent
             raise UserError(
                 f"{path}: {side} tokenizer has {tok.get_piece_size()} pieces but {checkpoint} was trained with "
                 f"{want}; this tokenizer does not belong to the checkpoint"
+            )
+    check_fingerprint(run_dir, checkpoint, fingerprint)
+
+
+TOKENIZER_SHA256 = "tokenizer_sha256"  # checkpoint metadata: {file name: sha256} of the files that decide the ids
+
+
+def id_files(run_dir: Path, joint: bool, vocabulary: str) -> list[Path]:
+    """The files of a run that decide which id a piece of text gets: the SentencePiece
+    model(s), or source.spm/target.spm and the vocabulary file(s)."""
+    if vocabulary == "file":
+        names = [VOCAB_FILES["source"][0], VOCAB_FILES["target"][0], VOCAB_FILES["source"][1]]
+        return [run_dir / name for name in names + ([] if joint else [VOCAB_FILES["target"][1]])]
+    return list(dict.fromkeys(model_paths(run_dir, joint)))
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def tokenizer_fingerprint(run_dir: Path, joint: bool, vocabulary: str) -> str | None:
+    """The sha256 of each of the run's `id_files`, as JSON {name: sha256}, recorded in every
+    checkpoint; None when a file is missing (a checkpoint saved outside a run directory)."""
+    files = id_files(run_dir, joint, vocabulary)
+    if not all(p.is_file() for p in files):
+        return None
+    return json.dumps({p.name: _sha256(p) for p in files}, sort_keys=True)
+
+
+def check_fingerprint(run_dir: Path, checkpoint: Path, fingerprint: str | None) -> None:
+    """Refuse a tokenizer file whose sha256 is not the one `checkpoint` recorded (another
+    tokenizer of the same size maps text to other ids). A checkpoint without a record (saved
+    before checkpoints carried one) is not checked."""
+    if not fingerprint:
+        return
+    try:
+        recorded = json.loads(fingerprint)
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise UserError(f"{checkpoint}: its {TOKENIZER_SHA256} metadata is not a JSON object of file sha256s")
+    for name, digest in sorted(recorded.items()):
+        path = run_dir / str(name)
+        if path.is_file() and _sha256(path) != digest:
+            raise UserError(
+                f"{path}: tokenizer is not the one {checkpoint} was trained with (same size, but its sha256 differs "
+                "from the one the checkpoint records); put back the run's own tokenizer file"
             )

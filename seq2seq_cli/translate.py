@@ -37,7 +37,7 @@ from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import check_vocab_sizes, load_tokenizers
+from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_vocab_sizes, load_tokenizers
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -77,7 +77,8 @@ class Translator:
         model, config, run_dir, meta = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
         check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src_sp, tgt_sp,
-                          resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]))
+                          resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]),
+                          meta.get(TOKENIZER_SHA256))
         settings = config.decode.model_dump()
         settings.update(overrides or {})
         try:

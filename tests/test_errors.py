@@ -7,8 +7,11 @@ the behaviour tested are the same list.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,6 +152,16 @@ def other_tokenizer(run: Path) -> None:
                                    vocab_size=200, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
 
 
+def same_size_tokenizer(run: Path) -> None:
+    """Another SentencePiece model of the run's size (BPE on the same text): the sizes match."""
+    import sentencepiece as spm
+
+    (run / "spm.model").unlink()
+    corpus = run.parent / "corpus"
+    spm.SentencePieceTrainer.train(input=[str(corpus / "train.es"), str(corpus / "train.en")], model_prefix=str(run / "spm"),
+                                   model_type="bpe", vocab_size=300, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+
+
 def unverifiable_weights(broken: Callable[[bytes], bytes]) -> Callable[[Path], None]:
     def change(run: Path) -> None:
         weights = run / "checkpoints" / "best.safetensors"
@@ -257,6 +270,9 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "model-other-tokenizer": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-othertok", other_tokenizer)],
         ["spm.model: source tokenizer has 200 pieces but", "best.safetensors was trained with 300"], 1),
+    "model-foreign-tokenizer": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-foreigntok", same_size_tokenizer)],
+        ["run-foreigntok/spm.model: tokenizer is not the one", "best.safetensors was trained with", "sha256 differs"], 1),
     "model-tokenizer-garbage": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-garbagetok", lambda r: (r / "spm.model").write_bytes(b"garbage"))],
         ["spm.model: not a SentencePiece model"], 1),
@@ -303,6 +319,78 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
 }
 
 
+_read_only: list[Path] = []
+
+
+def read_only(path: Path) -> Path:
+    """`path` (made a directory if need be) with its write permission taken away; given back
+    after the case."""
+    path.mkdir(exist_ok=True)
+    path.chmod(0o555)
+    _read_only.append(path)
+    return path
+
+
+def read_only_run(ws: Path) -> Path:
+    """A config whose run directory holds a tokenizer and is read-only."""
+    from seq2seq_cli.tokenizer import train_tokenizer
+
+    cfg = config_with(ws, "rorun")
+    train_tokenizer(load_config(cfg))
+    read_only(ws / "run-rorun")
+    return cfg
+
+
+def under_read_only(ws: Path) -> Path:
+    """A config whose run directory would be created inside a read-only directory."""
+    read_only(ws / "ro-parent")
+    return config_with(ws, "roparent", lambda r: r.update(run_dir=str(ws / "ro-parent" / "run")))
+
+
+# Cases about file permissions, run as a separate `seq2seq` process bound by them: root's
+# power to write anywhere is dropped with setpriv (see `bound_by_permissions`).
+PROCESS_CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
+    "run-dir-read-only": (lambda ws: ["train", "-c", read_only_run(ws)],
+                          ["run-rorun: run directory is not writable", "another run_dir"], 1),
+    "run-dir-read-only-tokenize": (
+        lambda ws: ["tokenize", "-c", config_with(ws, "rotok", lambda r: r.update(run_dir=str(read_only(ws / "ro-empty"))))],
+        ["ro-empty: run directory is not writable"], 1),
+    "run-dir-cannot-create": (lambda ws: ["tokenize", "-c", under_read_only(ws)],
+                              ["ro-parent/run: run directory cannot be created (Permission denied in", "writable place"], 1),
+}
+
+
+def bound_by_permissions() -> list[str]:
+    """The prefix that runs a command bound by file permissions: none for a user other than
+    root; for root, setpriv without the capabilities that override them (skip when unavailable)."""
+    if os.geteuid() != 0:
+        return []
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*drop, "true"], capture_output=True).returncode != 0:
+        pytest.skip("running as root, and setpriv cannot drop the capabilities that override file permissions")
+    return drop
+
+
+@pytest.mark.parametrize("case", sorted(PROCESS_CASES))
+def test_permission_problem_is_one_line_with_its_exit_code(ws, case):
+    prefix = bound_by_permissions()
+    make_args, fragments, code = PROCESS_CASES[case]
+    try:
+        args = [str(a) for a in make_args(ws)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        result = subprocess.run([*prefix, sys.executable, "-m", "seq2seq_cli", *args], capture_output=True, text=True,
+                                env=env, cwd=ws, timeout=300)
+    finally:
+        while _read_only:
+            _read_only.pop().chmod(0o755)
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_with_its_exit_code(ws, case):
     make_args, fragments, code = CASES[case]
@@ -318,7 +406,7 @@ def test_bad_input_is_one_line_with_its_exit_code(ws, case):
 def test_every_case_is_documented():
     table = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.MULTILINE))
-    assert documented == set(CASES)
+    assert documented == set(CASES) | set(PROCESS_CASES)
     assert len(CASES) >= 15
 
 

@@ -1,5 +1,7 @@
 """SIGKILL at chosen points of training, resume each time: the final weights are
-bit-identical to an uninterrupted run and no checkpoint on disk is ever corrupt.
+bit-identical to an uninterrupted run and no checkpoint on disk is ever corrupt. SIGKILL while
+`tokenize` trains SentencePiece, and while `train` builds its first encoding: the rerun
+succeeds and leaves no temporary file behind.
 
 Each kill lands at a step read from the run's own log (metrics.jsonl), a few logging
 intervals past where the previous process had got to: between saves, or while a checkpoint is
@@ -11,15 +13,21 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
+import yaml
 from safetensors.torch import load_file
 
-from helpers import make_config, quiet
+from helpers import REPO, SHIPPED, make_config, quiet
 from seq2seq_cli import checkpoint as ckpt
+from seq2seq_cli.config import load_config
+from seq2seq_cli.encoding import BUILDING
 from seq2seq_cli.metrics import read_metrics
+from seq2seq_cli.tokenizer import train_tokenizer
 
 KILLS = 20
 SETTINGS = {"max_steps": 300, "valid_every": 6, "log_every": 3, "threads": 1}
@@ -85,3 +93,77 @@ def test_sigkill_at_chosen_steps_loses_nothing(tmp_path):
     b = load_file(str(ckpt_dir / "last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((ckpt_dir / "last.json").read_text())["step"] == SETTINGS["max_steps"]
+
+
+# ---------------------------------------------------------------------------
+# SIGKILL while the tokenizer is trained, and while the first encoding is built
+
+
+def leftovers(run: Path) -> list[str]:
+    """Temporary files and directories in a run directory (none once a command has finished)."""
+    return sorted(str(p.relative_to(run)) for p in run.rglob("*")
+                  if p.name.startswith((".building-", ".spm-training.", "tmp")) or p.name.endswith((".tmp", ".incomplete")))
+
+
+@pytest.fixture(scope="module")
+def kill_corpus(tmp_path_factory) -> Path:
+    """A training split of a few thousand distinct pairs (so that training the tokenizer and
+    encoding take a moment) and a small validation split."""
+    out = tmp_path_factory.mktemp("kill-corpus")
+    for lang in ("es", "en"):
+        lines = (SHIPPED / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
+        (out / f"train.{lang}").write_text("".join(f"{lines[i % len(lines)]} {i}\n" for i in range(4000)), encoding="utf-8")
+        (out / f"valid.{lang}").write_text("\n".join(lines[:20]) + "\n", encoding="utf-8")
+    return out
+
+
+def kill_config(tmp: Path, corpus: Path) -> Path:
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    raw["data"].update(train=str(corpus / "train"), valid=str(corpus / "valid"))
+    raw["train"].update(max_steps=1, valid_every=1, threads=1)
+    path = tmp / "kill.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def kill_when(proc: subprocess.Popen, appeared: Callable[[], list[Path]], timeout: float = 120.0) -> list[Path]:
+    """SIGKILL `proc` as soon as `appeared()` finds something -> what it found."""
+    deadline = time.monotonic() + timeout
+    while not (found := appeared()):
+        if proc.poll() is not None:
+            pytest.fail(f"the command ended before it could be killed: {proc.communicate()[1].decode()[-2000:]}")
+        assert time.monotonic() < deadline, f"nothing appeared in {timeout:.0f} s"
+        time.sleep(0.002)
+    proc.kill()
+    proc.wait()
+    return found
+
+
+def test_sigkill_of_tokenize_leaves_nothing_once_rerun(tmp_path, kill_corpus):
+    cfg = kill_config(tmp_path, kill_corpus)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq_cli", "tokenize", "--config", str(cfg)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    found = kill_when(proc, lambda: list(run.glob(".spm-training.*")))
+    assert not (run / "spm.model").exists()  # killed while SentencePiece trained: no model, half or whole
+    assert [p for p in found if p.exists()], "the killed process's temporary directory is left behind"
+    paths = train_tokenizer(load_config(cfg))
+    assert paths == [run / "spm.model"]
+    assert spm.SentencePieceProcessor(model_file=str(paths[0])).get_piece_size() == 300
+    assert leftovers(run) == []
+
+
+def test_sigkill_of_the_first_encoding_leaves_nothing_once_rerun(tmp_path, kill_corpus):
+    cfg = kill_config(tmp_path, kill_corpus)
+    run = tmp_path / "run"
+    encoded = run / "cache" / "encoded"
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq_cli", "train", "--config", str(cfg), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    found = kill_when(proc, lambda: list(encoded.glob(f"{BUILDING}*")))
+    assert [p for p in found if p.exists()], "the killed process's temporary directory is left behind"
+    assert not list(encoded.glob("train-*")) and not (run / "checkpoints").exists()
+    quiet(cfg)
+    assert (run / "checkpoints" / "last.json").is_file()
+    assert [p.name.split("-")[0] for p in sorted(encoded.iterdir())] == ["train", "valid"]
+    assert leftovers(run) == []

@@ -273,3 +273,64 @@ def test_writing_to_a_device_keeps_the_device(tmp_path):
     assert write_lines(Path(os.devnull), ["a", "b"]) == 2
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
     assert not list(Path(os.devnull).parent.glob(".null.*.tmp"))
+
+
+def foreign_tokenizer(run: Path) -> None:
+    """Replace the run's spm.model by another SentencePiece model of the same size (BPE instead
+    of unigram, on the same text): every piece count matches, the ids do not."""
+    import sentencepiece as spm
+
+    from helpers import SHIPPED
+
+    before = (run / "spm.model").read_bytes()
+    prefix = run.parent / "foreign"
+    spm.SentencePieceTrainer.train(input=[str(SHIPPED / "valid.es"), str(SHIPPED / "valid.en")], model_prefix=str(prefix),
+                                   model_type="bpe", vocab_size=300, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+    shutil.copyfile(f"{prefix}.model", run / "spm.model")
+    assert spm.SentencePieceProcessor(model_file=str(run / "spm.model")).get_piece_size() == 300
+    assert (run / "spm.model").read_bytes() != before
+
+
+def test_a_foreign_tokenizer_of_the_same_size_is_refused(trained, tmp_path):
+    from seq2seq_cli.checkpoint import read_metadata
+    from seq2seq_cli.tokenizer import TOKENIZER_SHA256
+
+    cfg, run = copy_run(trained, tmp_path)
+    assert runner.invoke(app, ["average", "-m", str(run), "--last", "1"]).exit_code == 0
+    average = run / "checkpoints" / "average-last-1.safetensors"
+    recorded = read_metadata(run / "checkpoints" / "last.safetensors")[TOKENIZER_SHA256]
+    assert json.loads(recorded).keys() == {"spm.model"}
+    assert read_metadata(average)[TOKENIZER_SHA256] == recorded  # averaging carries it over
+    foreign_tokenizer(run)
+    for model in (run, average):
+        line = error_line(runner.invoke(app, ["translate", "-m", str(model), "--no-progress"], input="hola\n"))
+        assert line.startswith(f"error: {run / 'spm.model'}: tokenizer is not the one ") and "sha256 differs" in line, line
+        assert str(model if model == average else run / "checkpoints" / "best.safetensors") in line, line
+    # --resume, as with a checkpoint of another architecture: refused once the data is read
+    result = runner.invoke(app, ["train", "-c", str(cfg), "--resume", "--no-progress", "--set", "train.max_steps=6"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert f"{run / 'spm.model'}: tokenizer is not the one {run / 'checkpoints' / 'last.safetensors'}" in line, line
+
+
+def test_a_checkpoint_without_a_tokenizer_record_loads_as_before(trained, tmp_path):
+    """Checkpoints saved before they recorded their tokenizer are used unchecked."""
+    from safetensors.torch import load_file, save_file
+
+    from seq2seq_cli.checkpoint import read_metadata, sha256
+    from seq2seq_cli.tokenizer import TOKENIZER_SHA256
+
+    _, run = copy_run(trained, tmp_path)
+    best = run / "checkpoints" / "best.safetensors"
+    meta = read_metadata(best)
+    tensors = load_file(str(best))
+    best.unlink()  # best may be a hard link to a step checkpoint: rewrite only this name
+    save_file(tensors, str(best), metadata={k: v for k, v in meta.items() if k != TOKENIZER_SHA256})
+    manifest = json.loads((run / "checkpoints" / "best.json").read_text(encoding="utf-8"))
+    manifest["sha256"]["weights"] = sha256(best)
+    (run / "checkpoints" / "best.json").unlink()
+    (run / "checkpoints" / "best.json").write_text(json.dumps(manifest), encoding="utf-8")
+    assert TOKENIZER_SHA256 not in read_metadata(best)
+    foreign_tokenizer(run)
+    result = runner.invoke(app, ["translate", "-m", str(run), "--no-progress"], input="hola\n")
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1, result.output
