@@ -381,7 +381,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     if not len(train_data):
         raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
     valid_data = encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log) if d.valid else None
-    if valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
+    if d.valid and valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
         log(describe_skipped(d.valid, valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
     if procs.main:
         distributed.barrier(procs)
