@@ -253,11 +253,13 @@ def encoded_split(
 ) -> EncodedCorpus:
     """The encoded, filtered pairs of a split, from RUN/cache/encoded/ when the input files,
     tokenizer model(s) and filter settings are unchanged, else encoded (batched `datasets.map`,
-    data.num_proc processes) and cached there. Filters other than emptiness apply to training."""
+    data.num_proc processes) and cached there. The data filters apply to training; validation
+    drops only empty pairs and those longer than the model's positions (EOS or start counted)."""
     datasets = quiet_datasets()
     d, t = config.data, config.tokenizer
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
-    filters = Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, d.dedup) if training else Filters()
+    fits = config.model.max_positions - 1
+    filters = Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, d.dedup) if training else Filters(fits, fits)
     settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
     label = "train" if training else "valid"

@@ -51,6 +51,7 @@ from seq2seq_cli.config import (
 )
 from seq2seq_cli.distributed import Processes
 from seq2seq_cli.encoding import (
+    Drop,
     EncodedCorpus,
     check_no_empty_lines,
     describe_drops,
@@ -320,7 +321,8 @@ class TrainData:
         dropped = {f"train_dropped_{k}": v for k, v in self.train.dropped.items()}
         rec: dict[str, Any] = {"step": 0, "train_pairs": len(self.train), **dropped}
         if self.valid is not None:
-            rec.update({"valid_pairs": len(self.valid), "valid_dropped_empty": self.valid.dropped["empty"]})
+            rec.update({"valid_pairs": len(self.valid), "valid_dropped_empty": self.valid.dropped["empty"],
+                        "valid_dropped_too_long": self.valid.dropped.get(Drop.TOO_LONG.key, 0)})
         return rec
 
 
@@ -379,9 +381,17 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     if not len(train_data):
         raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
     valid_data = encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log) if d.valid else None
+    if d.valid and valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
+        log(describe_skipped(d.valid, valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
     if procs.main:
         distributed.barrier(procs)
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
+
+
+def describe_skipped(valid: str, skipped: int, max_positions: int) -> str:
+    """The one warning of a validation split with pairs longer than the model's positions."""
+    return (f"warning: {valid}: {skipped} pair(s) longer than the model's {max_positions} positions (EOS or start "
+            "counted) are left out of the validation loss; validation BLEU translates every line, cut to fit")
 
 
 def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

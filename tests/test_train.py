@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import make_config, quiet, train_records
+from helpers import SHIPPED, make_config, quiet, train_records
 from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.batching import collate, epoch_batches
 from seq2seq_cli.config import load_config
@@ -160,3 +160,31 @@ def test_bf16_attention_on_cpu_matches_float32():
         got = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.0)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_validation_pairs_longer_than_the_positions_are_skipped_and_still_translated(tmp_path):
+    """Validation loss leaves out the pairs the positions table cannot hold (one warning naming
+    the file); validation BLEU translates every source line, cut to fit as `translate` does."""
+    from typer.testing import CliRunner
+
+    from seq2seq_cli.cli import app
+
+    shipped = SHIPPED / "valid"
+    src, tgt = ([ln for ln in shipped.with_suffix(f".{lang}").read_text(encoding="utf-8").splitlines()]
+                for lang in ("es", "en"))
+    valid = tmp_path / "valid"
+    # short pairs, then one pair far longer than 40 subwords on both sides
+    valid.with_suffix(".es").write_text("\n".join([*src[:12], " ".join(src[:12])]) + "\n", encoding="utf-8")
+    valid.with_suffix(".en").write_text("\n".join([*tgt[:12], " ".join(tgt[:12])]) + "\n", encoding="utf-8")
+    cfg = make_config(tmp_path, "short", max_steps=8, valid_every=4, valid_bleu=True, best_metric="bleu")
+    r = CliRunner().invoke(app, ["train", "--config", str(cfg), "--no-progress", "--set", f"data.valid={valid}",
+                                 "--set", "data.max_src_len=40", "--set", "data.max_tgt_len=40",
+                                 "--set", "model.max_positions=42"])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:") and str(valid) in line]
+    assert len(warnings) == 1, r.stderr
+    records = [json.loads(line) for line in (tmp_path / "short" / "metrics.jsonl").read_text().splitlines()]
+    skipped = records[0]["valid_dropped_too_long"]
+    assert skipped >= 1 and f" {skipped} pair" in warnings[0]
+    assert records[0]["valid_pairs"] + skipped == 13
+    assert [r["step"] for r in records if "valid_bleu" in r] == [4, 8]
