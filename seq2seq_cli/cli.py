@@ -90,6 +90,7 @@ DECODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "top_p": (("--top-p",), "Sample from the smallest set of tokens with this much probability."),
     "seed": (("--seed",), "Seed for sampling: the same seed gives the same outputs."),
     "batch_tokens": (("--batch-tokens",), "Source tokens per batch (divided by the beam). Default: decode.batch_tokens."),
+    "quantize": (("--quantize",), "none, or int8: linear layers in int8 (CPU only), faster at a small cost in quality. Default: decode.quantize."),
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,24 @@ def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+ROW_BLOCK = 16  # rows of a decoding matmul are padded to a multiple of this
+
+
+def padded_rows(x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """fn applied to x (..., in) -> (..., out), its rows padded to a multiple of ROW_BLOCK.
+
+    oneDNN builds (JIT-compiles) one kernel per matrix shape and keeps a bounded number of
+    them; the row count of a decoding step changes whenever a sentence finishes, so unpadded
+    it asks for hundreds of shapes per layer, and the time and memory of building them
+    outgrow the multiplications on small models. Padded, each layer sees a few dozen."""
+    rows = x.reshape(-1, x.size(-1))  # (N, in)
+    n = rows.size(0)
+    pad = -n % ROW_BLOCK
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, rows.size(1))])
+    return fn(rows)[:n].view(*x.shape[:-1], -1)
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b with W kept in oneDNN's blocked layout. x: (..., in) -> (..., out)."""
 
@@ -50,7 +69,30 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: Tensor) -> Tensor:
-        return _linear(x, self.packed, self.bias)
+        return padded_rows(x, lambda rows: _linear(rows, self.packed, self.bias))
+
+
+class Int8Linear(nn.Module):
+    """y ~ x W^T + b in int8: W quantized once per output channel (symmetric, scale
+    max|W_j| / 127), x per row at each call (dynamic quantization), the product accumulated
+    in int32 by `torch._int_mm` and scaled back to float32. x: (..., in) -> (..., out)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        w = weight.detach().float()
+        self.scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (out,)
+        self.weight_t = torch.round(w / self.scale[:, None]).to(torch.int8).t().contiguous()  # (in, out)
+        self.bias = None if bias is None else bias.detach().float()
+
+    def _rows(self, x: Tensor) -> Tensor:
+        x_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # (N, 1)
+        q = torch.round(x / x_scale).to(torch.int8)  # |x / x_scale| <= 127
+        y = torch._int_mm(q, self.weight_t) * self.scale  # (N, out) float32
+        y.mul_(x_scale)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return padded_rows(x, self._rows)
 
 
 def applies(model: object) -> bool:
@@ -77,30 +119,44 @@ def available(model: object) -> bool:
 
 
 @functools.cache
-def _say_unavailable(reason: str) -> None:
-    """Log, once per reason, that decoding on CPU goes without oneDNN."""
-    logger.warning("warning: linear layers through oneDNN unavailable (%s); decoding on CPU without them", reason)
+def _say_unavailable(reason: str, quantize: str = "none") -> None:
+    """Log, once per reason, that decoding on CPU goes without oneDNN (or without int8)."""
+    if quantize == "int8":
+        logger.warning("warning: int8 linear layers unavailable (%s); decoding in float32", reason)
+    else:
+        logger.warning("warning: linear layers through oneDNN unavailable (%s); decoding on CPU without them", reason)
 
 
-def for_decoding(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
+def for_decoding(model: Seq2SeqTransformer, quantize: str = "none") -> Seq2SeqTransformer:
     """A copy of `model` whose linear layers run through oneDNN (see the module docstring),
-    or `model` itself where that does not apply (GPU, other dtypes, packed already) or is
-    not available: no oneDNN, an operator that fails, or a packed layer that does not
-    reproduce F.linear on a probe (the last two logged once)."""
+    in float32 or, with quantize="int8", in int8 (`Int8Linear`); or `model` itself where
+    that does not apply (GPU, other dtypes, packed already) or is not available: no oneDNN,
+    an operator that fails, or a packed layer that does not reproduce F.linear on a probe
+    (the last two logged once)."""
     if not applies(model):
         return model
-    reason = missing()
+    reason = missing() if quantize == "none" else None
     if reason is None:
-        fast, reason = _packed_copy(model)
+        fast, reason = _packed_copy(model, quantize)
         if fast is not None:
             return fast
-    _say_unavailable(reason)
-    return model
+    _say_unavailable(reason, quantize)
+    return for_decoding(model) if quantize != "none" else model
 
 
-def _packed_copy(model: Seq2SeqTransformer) -> tuple[Seq2SeqTransformer | None, str]:
+def _agrees(layer: nn.Module, weight: Tensor, bias: Tensor | None, x: Tensor, quantize: str) -> bool:
+    """Does `layer` reproduce F.linear(x, weight, bias): to float32 rounding, or in int8 to
+    within 3% (relative error of the whole output)?"""
+    want, got = F.linear(x, weight, bias), layer(x)
+    if quantize == "none":
+        return torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    return bool((got - want).norm() <= 0.03 * want.norm())
+
+
+def _packed_copy(model: Seq2SeqTransformer, quantize: str) -> tuple[Seq2SeqTransformer | None, str]:
     """(the packed copy, "") or (None, why not). Each packed layer is probed against the
     F.linear of its own weight and bias."""
+    make: Callable[[Tensor, Tensor | None], nn.Module] = Int8Linear if quantize == "int8" else PackedLinear
     shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # share, do not copy, tensors
     fast = copy.deepcopy(model, memo=shared)
     probe = torch.Generator().manual_seed(0)
@@ -110,16 +166,16 @@ def _packed_copy(model: Seq2SeqTransformer) -> tuple[Seq2SeqTransformer | None, 
             for parent_name, parent in list(fast.named_modules()):
                 for name, child in list(parent.named_children()):
                     if type(child) is nn.Linear:
-                        replacement = PackedLinear(child.weight, child.bias)
+                        replacement = make(child.weight, child.bias)
                         setattr(parent, name, replacement)
                         packed.append((f"{parent_name}.{name}".lstrip("."), replacement, child.weight, child.bias))
             if fast.output is None:  # tied: the target embedding is the output projection (no bias)
-                output = PackedLinear(fast.tgt_embed.tokens.weight, None)
+                output = make(fast.tgt_embed.tokens.weight, None)
                 fast.output = output  # type: ignore[assignment]
                 packed.append(("output (tied)", output, fast.tgt_embed.tokens.weight, None))
             for name, layer, weight, bias in packed:
                 x = torch.randn(2, weight.size(1), generator=probe)
-                if not torch.allclose(layer(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-4):
+                if not _agrees(layer, weight, bias, x, quantize):
                     return None, f"the packed layer {name} does not reproduce F.linear"
     except RuntimeError as exc:  # an operator missing or changed in this PyTorch build
         return None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]

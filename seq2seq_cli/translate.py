@@ -85,7 +85,9 @@ class Translator:
             decode = DecodeConfig(**settings)
         except ValidationError as exc:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
-        return cls(for_decoding(model), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
+        if decode.quantize != "none" and dev.type != "cpu":
+            raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
+        return cls(for_decoding(model, decode.quantize), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the

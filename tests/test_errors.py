@@ -306,6 +306,8 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
                            ["--length-penalty-type 'bogus': Input should be 'average' or 'gnmt'"], 1),
     "flag-decode-range": (lambda ws: ["translate", "-m", ws / "run", "--top-p", "2"],
                           ["--top-p 2.0: Input should be less than or equal to 1"], 1),
+    "flag-quantize": (lambda ws: ["translate", "-m", ws / "run", "--quantize", "int4"],
+                      ["--quantize 'int4': Input should be 'none' or 'int8'"], 1),
     "evaluate-arguments": (lambda ws: ["evaluate", "--ref", ws / "ref.txt"], ["give either --hyp FILE, or --model RUN"], 1),
     # flags
     "flag-beam-zero": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "0"],

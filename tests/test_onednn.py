@@ -11,7 +11,7 @@ from conftest import random_sources as _sources
 from conftest import tiny_model
 from seq2seq_cli import onednn
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.onednn import PackedLinear, available, for_decoding
+from seq2seq_cli.onednn import Int8Linear, PackedLinear, available, for_decoding
 from seq2seq_cli.search import beam_search, greedy_search
 
 pytestmark = pytest.mark.skipif(not available(tiny_model()), reason="this PyTorch has no oneDNN linear")
@@ -136,3 +136,59 @@ def test_missing_operators_are_reported(monkeypatch, fresh_log):
 def test_models_packing_does_not_apply_to_are_not_reported(fresh_log):
     assert for_decoding(tiny_model().double()) is not None
     assert fresh_log.records == []
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 23])
+def test_padding_the_rows_changes_no_result(rows):
+    layer = nn.Linear(12, 7)
+    packed = PackedLinear(layer.weight, layer.bias)
+    x = torch.randn(rows, 3, 12)  # (B, T, in): rows * 3 rows in all, padded to a multiple of 16
+    with torch.no_grad():
+        assert torch.allclose(packed(x), layer(x), atol=1e-5)
+        assert packed(x).shape == (rows, 3, 7)
+
+
+def test_int8_linear_is_the_quantized_product():
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(9, 24)
+    q = Int8Linear(weight, bias)
+    assert q.weight_t.dtype == torch.int8 and q.weight_t.shape == (24, 40)
+    # the same arithmetic spelled out: per-channel weight scales, per-row input scales, exact int32 sums
+    w_scale = weight.abs().amax(dim=1) / 127
+    x_scale = x.abs().amax(dim=1, keepdim=True) / 127
+    wq, xq = torch.round(weight / w_scale[:, None]), torch.round(x / x_scale)
+    expected = (xq.double() @ wq.double().T) * x_scale.double() * w_scale.double() + bias.double()
+    assert torch.allclose(q(x).double(), expected, atol=1e-4)
+    exact = torch.nn.functional.linear(x, weight, bias)
+    error = ((q(x) - exact).norm() / exact.norm()).item()
+    assert 0 < error < 0.02  # really quantized, and close
+
+
+def test_int8_decoding_copy_quantizes_every_linear_layer_and_follows_the_float_model():
+    model = tiny_model(seed=11)
+    with torch.no_grad():
+        model.tgt_embed.tokens.weight.mul_(4.0)
+    q = for_decoding(model, "int8")
+    assert not any(type(m) is nn.Linear or isinstance(m, PackedLinear) for m in q.modules())
+    assert sum(isinstance(m, Int8Linear) for m in q.modules()) == 2 * (4 + 2) + 2 * (2 * 4 + 2) + 1
+    src = _sources(seed=11)
+    tgt = torch.randint(4, 23, (src.size(0), 5))
+    with torch.no_grad():
+        full, quant = model(src, tgt), q(src, tgt)
+    assert not torch.equal(full, quant)
+    assert ((quant - full).norm() / full.norm()).item() < 0.05
+    opts = DecodeConfig(beam_size=3, max_len_a=1.5, max_len_b=4)
+    agree = [a[0].tokens == b[0].tokens for a, b in zip(beam_search(q, src, opts), beam_search(model, src, opts))]
+    assert sum(agree) >= len(agree) - 1
+
+
+def test_int8_unavailable_falls_back_to_float_and_says_so(monkeypatch, fresh_log):
+    def broken(a, b):
+        raise RuntimeError("_int_mm: not supported on this CPU")
+
+    monkeypatch.setattr(torch, "_int_mm", broken)
+    fast = for_decoding(tiny_model(seed=12), "int8")
+    assert any(isinstance(m, PackedLinear) for m in fast.modules())
+    assert not any(isinstance(m, Int8Linear) for m in fast.modules())
+    messages = [r.getMessage() for r in fresh_log.records]
+    assert messages == ["warning: int8 linear layers unavailable (_int_mm: not supported on this CPU); decoding in float32"]

@@ -182,3 +182,20 @@ def test_the_progress_bar_is_closed(run_dir, sentences, tmp_path, monkeypatch, t
     assert r.exit_code == 0, r.output
     (bar,) = Recorder.instances
     assert bar.closed and sum(bar.updates) == 3
+
+
+def test_int8_translation_from_the_cli_and_the_run_config(run_dir, sentences, tmp_path):
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(sentences[:8]) + "\n", encoding="utf-8")
+    outs = {}
+    for q in ("none", "int8"):
+        outs[q] = tmp_path / f"out.{q}"
+        r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(outs[q]), "--no-progress",
+                                "--quantize", q, "--device", "cpu"])
+        assert r.exit_code == 0, r.output
+    assert len(outs["int8"].read_text(encoding="utf-8").splitlines()) == 8
+    plain, quant = Translator.load(run_dir, "cpu"), Translator.load(run_dir, "cpu", {"quantize": "int8"})
+    assert quant.decode.quantize == "int8"
+    assert any(type(m).__name__ == "Int8Linear" for m in quant.model.modules())
+    assert not any(type(m).__name__ == "Int8Linear" for m in plain.model.modules())
+    assert outs["int8"].read_text(encoding="utf-8").splitlines() == quant.translate(sentences[:8])
