@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="also race `translate` with these extra flags, e.g. lowmem='--batch-tokens 1024'")
     ap.add_argument("--json", type=Path, help="also write the medians here")
     args = ap.parse_args()
 
@@ -86,16 +88,19 @@ def main() -> None:
         inputs["long"] = (long_src, long_ref)
     inputs = {k: v for k, v in inputs.items() if k in args.inputs.split(",")}
 
+    variants = {"ours": []} | {v.split("=", 1)[0]: v.split("=", 1)[1].split() for v in args.variant}
+
     def command(system: str, precision: str, src: Path, out: Path) -> list[str]:
-        if system == "ours":
+        if system in variants:
             cmd = [sys.executable, "-m", "seq2seq_cli", "translate", "--model", str(args.run), "-i", str(src),
-                   "-o", str(out), "--beam-size", str(args.beam)]
+                   "-o", str(out), "--beam-size", str(args.beam), *variants[system]]
             return cmd + (["--quantize", "int8"] if precision == "int8" else [])
         compute = "int8" if precision == "int8" else "float32"
         return [sys.executable, "-c", CT2_PROGRAM, str(ct2_dir), str(args.run / "spm.model"), str(src), str(out),
                 compute, str(args.beam), str(args.threads), "4096"]
 
-    cases = [(i, p, s) for i in inputs for p in args.precisions.split(",") for s in args.systems.split(",")]
+    systems = args.systems.split(",") + [v.split("=", 1)[0] for v in args.variant]
+    cases = [(i, p, s) for i in inputs for p in args.precisions.split(",") for s in systems]
     times: dict[tuple[str, str, str], list[tuple[float, float]]] = {c: [] for c in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -103,7 +108,7 @@ def main() -> None:
             out = work / f"{name}.{precision}.{system}.out"
             times[case].append(run_timed(command(system, precision, inputs[name][0], out), env))
             print(f"round {r + 1} {name:4} {precision} {system:4} {times[case][-1][0]:7.2f} s "
-                  f"{times[case][-1][1]:6.0f} MiB", file=sys.stderr)
+                  f"{times[case][-1][1]:6.0f} MiB", file=sys.stderr, flush=True)
 
     rows = []
     for case in cases:

@@ -9,14 +9,18 @@ batches are a pure function of (seed, epoch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor
 
-from seq2seq_cli.encoding import EncodedCorpus
 from seq2seq_cli.ids import BOS, EOS, PAD
+
+if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
+    import pyarrow as pa
+
+    from seq2seq_cli.encoding import EncodedCorpus
 
 
 def token_batches(
@@ -85,6 +89,8 @@ def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool, first:
 def _take(table: pa.Table, column: str, index: np.ndarray) -> pa.Array:
     """Rows `index` of a column, in that order, taken chunk by chunk: a take on the whole
     chunked column would first concatenate it, reading every page of the memory map."""
+    import pyarrow as pa
+
     col = table.column(column)
     starts = np.cumsum([0] + [len(c) for c in col.chunks])
     chunk = np.searchsorted(starts, index, side="right") - 1

@@ -89,7 +89,7 @@ DECODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "top_k": (("--top-k",), "Sample among the k most likely tokens; 0 = all."),
     "top_p": (("--top-p",), "Sample from the smallest set of tokens with this much probability."),
     "seed": (("--seed",), "Seed for sampling: the same seed gives the same outputs."),
-    "batch_tokens": (("--batch-tokens",), "Source tokens per batch (divided by the beam). Default: decode.batch_tokens."),
+    "batch_tokens": (("--batch-tokens",), "Source tokens per batch, as CTranslate2 counts them (each sentence decodes beam-size rows). Default: decode.batch_tokens."),
     "quantize": (("--quantize",), "none, or int8: linear layers in int8 (CPU only), faster at a small cost in quality. Default: decode.quantize."),
 }
 

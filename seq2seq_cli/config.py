@@ -188,7 +188,7 @@ class DecodeConfig(Section):
     top_k: int = Field(0, ge=0, description="sample from the k most likely tokens; 0 = all")
     top_p: float = Field(1.0, gt=0, le=1.0, description="sample from the smallest set with this much probability")
     seed: int = Field(0, description="seed for sampling")
-    batch_tokens: int = Field(4096, ge=1, description="source tokens per translation batch")
+    batch_tokens: int = Field(4096, ge=1, description="source tokens per translation batch (beams not counted)")
     quantize: Literal["none", "int8"] = Field("none", description="int8: linear layers in int8 when decoding on CPU")
 
     @model_validator(mode="after")

@@ -72,8 +72,8 @@ class LayerCache:
         spare, stores = self.spare, self.stores
         if spare is None or stores is None:
             raise ValueError("the cache has no buffers to write into; call DecoderState.preallocate first")
-        if spare[which].numel() < size:  # more than preallocated: grow this buffer
-            spare[which] = spare[which].new_empty(2 * size)
+        if spare[which].numel() < size:  # more than preallocated: grow this buffer by half
+            spare[which] = spare[which].new_empty(size + size // 2)
         buffer = spare[which]
         out = buffer[:size].view(B, H, L + T, d)  # (B, H, L+T, d) contiguous
         if old is not None:

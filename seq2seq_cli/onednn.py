@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN for decoding on CPU.
+"""Linear layers through oneDNN for decoding on CPU, in float32 or int8.
 
 PyTorch runs fp32 `nn.Linear` on CPU through MKL's sgemm. On the AMD EPYC of
 bench/README.md, oneDNN given a weight reordered once into its blocked layout multiplied the
@@ -10,6 +10,12 @@ Packing is done where the weights are fixed, once: `Translator.load` and each va
 (`train.validation_bleu`); search decodes with whatever model it is given. The copy is for
 inference only: no gradients flow through it, and it holds the weights as they were when it
 was made (make a new one after they change).
+
+With quantize="int8" (`translate --quantize int8`) the linear layers are `Int8Linear`
+instead: weights quantized once per output channel, inputs per row at each call, int8
+products summed in int32 by `torch._int_mm`. The rows of every decoding matmul are padded to
+a multiple of ROW_BLOCK (`padded_rows`), so that oneDNN builds a few kernels per layer
+rather than one per row count.
 
 The two operators used are private to PyTorch (`torch.ops.mkldnn._reorder_linear_weight`,
 `torch.ops.mkldnn._linear_pointwise`). Every packed layer is probed against `F.linear`

@@ -153,10 +153,13 @@ def greedy_search(
 
 def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, rows: int, limits: Tensor) -> DecoderState:
     """The decoder state for a search over `rows` decoder rows at most, its self-attention
-    cache allocated once for the longest output allowed (`limits`: (B,)) plus EOS."""
+    cache allocated for as many positions as the longest source has (`memory`: (B, S, D)),
+    or the longest output allowed (`limits`: (B,)) plus EOS if that is fewer. Most outputs
+    end within that; a longer one grows the buffers once it gets there, sized for the rows
+    still decoding then, which is far less than allocating every row for the limit."""
     state = model.init_state(memory, src_mask)
     cfg = model.cfg
-    positions = int(limits.max()) + 1 if limits.numel() else 1
+    positions = min(int(limits.max()) + 1 if limits.numel() else 1, memory.size(1))
     state.preallocate(rows, positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
     return state
 

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -115,14 +116,27 @@ class Translator:
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
         lens = np.array([len(ids[i]) for i in todo], dtype=np.int64)
-        budget = max(d.batch_tokens // max(d.beam_size, nbest), 1)
-        for batch in token_batches(lens, lens, budget):
-            rows = [todo[j] for j in batch]
+        batches = [[todo[j] for j in batch] for batch in token_batches(lens, lens, d.batch_tokens)]
+
+        def decode(rows: list[int]) -> None:
             src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
             for i, hyps in zip(rows, search(self.model, src, d, nbest)):
                 out[i] = hyps
             if progress is not None:
                 progress.update(len(rows))
+
+        threads = torch.get_num_threads()
+        if self.device.type != "cpu" or threads == 1 or len(batches) == 1:
+            for rows in batches:
+                decode(rows)
+            return out
+        # On CPU the threads decode batches side by side, one thread each: the matrices of a
+        # decoding step are too small to keep several threads busy on one of them.
+        try:
+            with ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+                list(pool.map(decode, batches))
+        finally:
+            torch.set_num_threads(threads)
         return out
 
     def translate(self, lines: list[str]) -> list[str]:

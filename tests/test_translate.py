@@ -199,3 +199,31 @@ def test_int8_translation_from_the_cli_and_the_run_config(run_dir, sentences, tm
     assert any(type(m).__name__ == "Int8Linear" for m in quant.model.modules())
     assert not any(type(m).__name__ == "Int8Linear" for m in plain.model.modules())
     assert outs["int8"].read_text(encoding="utf-8").splitlines() == quant.translate(sentences[:8])
+
+
+def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir, sentences, monkeypatch):
+    import torch
+
+    import seq2seq_cli.translate as translate_module
+
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 3, "batch_tokens": 48})
+    pools = []
+    real_pool = translate_module.ThreadPoolExecutor
+
+    def counting_pool(*args, **kwargs):
+        pools.append(args[0])
+        return real_pool(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "ThreadPoolExecutor", counting_pool)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        side_by_side = tr.translate_hypotheses(sentences)
+        assert pools == [2] and torch.get_num_threads() == 2  # the intra-op threads are given back
+        torch.set_num_threads(1)
+        one_at_a_time = tr.translate_hypotheses(sentences)
+        assert pools == [2]
+    finally:
+        torch.set_num_threads(threads)
+    assert [[h.tokens for h in hs] for hs in side_by_side] == [[h.tokens for h in hs] for hs in one_at_a_time]
+    assert [hs[0].score for hs in side_by_side] == pytest.approx([hs[0].score for hs in one_at_a_time], abs=1e-4)
