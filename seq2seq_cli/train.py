@@ -382,6 +382,9 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
         raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
     valid_data = encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log) if d.valid else None
     if d.valid and valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
+        if not len(valid_data):
+            raise UserError(f"{d.valid}: no validation pair fits the model's {config.model.max_positions} positions "
+                            "(EOS or start counted); give a validation split of shorter sentences")
         log(describe_skipped(d.valid, valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
     if procs.main:
         distributed.barrier(procs)

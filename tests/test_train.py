@@ -173,9 +173,12 @@ def test_validation_pairs_longer_than_the_positions_are_skipped_and_still_transl
     src, tgt = ([ln for ln in shipped.with_suffix(f".{lang}").read_text(encoding="utf-8").splitlines()]
                 for lang in ("es", "en"))
     valid = tmp_path / "valid"
+    short = [i for i in range(len(src)) if len(src[i].split()) <= 8 and len(tgt[i].split()) <= 8][:12]
+    src, tgt = [src[i] for i in short], [tgt[i] for i in short]
+    assert len(short) == 12
     # short pairs, then one pair far longer than 40 subwords on both sides
-    valid.with_suffix(".es").write_text("\n".join([*src[:12], " ".join(src[:12])]) + "\n", encoding="utf-8")
-    valid.with_suffix(".en").write_text("\n".join([*tgt[:12], " ".join(tgt[:12])]) + "\n", encoding="utf-8")
+    valid.with_suffix(".es").write_text("\n".join([*src, " ".join(src)]) + "\n", encoding="utf-8")
+    valid.with_suffix(".en").write_text("\n".join([*tgt, " ".join(tgt)]) + "\n", encoding="utf-8")
     cfg = make_config(tmp_path, "short", max_steps=8, valid_every=4, valid_bleu=True, best_metric="bleu")
     r = CliRunner().invoke(app, ["train", "--config", str(cfg), "--no-progress", "--set", f"data.valid={valid}",
                                  "--set", "data.max_src_len=40", "--set", "data.max_tgt_len=40",
@@ -186,5 +189,27 @@ def test_validation_pairs_longer_than_the_positions_are_skipped_and_still_transl
     records = [json.loads(line) for line in (tmp_path / "short" / "metrics.jsonl").read_text().splitlines()]
     skipped = records[0]["valid_dropped_too_long"]
     assert skipped >= 1 and f" {skipped} pair" in warnings[0]
-    assert records[0]["valid_pairs"] + skipped == 13
+    assert records[0]["valid_pairs"] >= 1 and records[0]["valid_pairs"] + skipped == 13
     assert [r["step"] for r in records if "valid_bleu" in r] == [4, 8]
+
+
+def test_a_validation_split_with_no_pair_that_fits_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from seq2seq_cli.cli import app
+
+    shipped = SHIPPED / "valid"
+    valid = tmp_path / "valid"
+    for lang in ("es", "en"):
+        lines = shipped.with_suffix(f".{lang}").read_text(encoding="utf-8").splitlines()
+        valid.with_suffix(f".{lang}").write_text(" ".join(lines[:12]) + "\n", encoding="utf-8")  # one very long pair
+    cfg = make_config(tmp_path, "short", max_steps=8, valid_every=4)
+    r = CliRunner().invoke(app, ["train", "--config", str(cfg), "--no-progress", "--set", f"data.valid={valid}",
+                                 "--set", "data.max_src_len=40", "--set", "data.max_tgt_len=40",
+                                 "--set", "model.max_positions=42"])
+    assert r.exit_code == 1, r.output
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {valid}: no validation pair fits the model's 42 positions (EOS or start counted); "
+        "give a validation split of shorter sentences")
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "short" / "checkpoints").exists() or not any((tmp_path / "short" / "checkpoints").iterdir())
