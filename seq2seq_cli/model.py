@@ -8,7 +8,8 @@ Shape legend
     F   feed-forward size        V   vocabulary size
 
 Attention(Q, K, V) = softmax(Q K^T / sqrt(Dk) + mask) V, computed by
-`torch.nn.functional.scaled_dot_product_attention` in the normal path and by
+`torch.nn.functional.scaled_dot_product_attention` in the normal path, by two batched
+matmuls for a few queries per row in CPU inference (a decoding step), and by
 `attention_with_weights` when the weights are asked for. Incremental decoding keeps its
 keys/values in `seq2seq_cli/kv_cache.py` (`DecoderState`, one `LayerCache` per decoder layer).
 """
