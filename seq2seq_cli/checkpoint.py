@@ -36,7 +36,7 @@ from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_fingerprint, tokenizer_fingerprint
+from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_fingerprint, check_vocab_sizes, tokenizer_fingerprint
 
 FORMAT_VERSION = "1"
 CHECKPOINT_DIR = "checkpoints"
@@ -188,6 +188,15 @@ def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
             )
         return p.parent.parent, p
     raise UserError(f"{p}: model not found (expected a run directory or a .safetensors checkpoint)")
+
+
+def check_tokenizers(model_path: str | Path, run_dir: Path, config: Config, src: Any, tgt: Any, meta: dict[str, str]) -> None:
+    """Refuse tokenizers (`src`, `tgt`, loaded from `run_dir`) that do not belong to the
+    checkpoint `load_checkpoint(model_path)` read (`meta`, its metadata): other vocabulary
+    sizes, or files other than those it records (`check_vocab_sizes`)."""
+    check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src, tgt,
+                      resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]),
+                      meta.get(TOKENIZER_SHA256))
 
 
 def load_checkpoint(

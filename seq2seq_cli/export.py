@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from seq2seq_cli.checkpoint import load_checkpoint, resolve_checkpoint
+from seq2seq_cli.checkpoint import check_tokenizers, load_checkpoint, resolve_checkpoint
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import MultiHeadAttention, Seq2SeqTransformer
-from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_vocab_sizes, load_tokenizers
+from seq2seq_cli.tokenizer import load_tokenizers
 
 
 def _linear(spec, layer) -> None:
@@ -124,9 +124,7 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     check_export_target(model_path, output_dir)
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
-    check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src_sp, tgt_sp,
-                      resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]),
-                      meta.get(TOKENIZER_SHA256))
+    check_tokenizers(model_path, run_dir, config, src_sp, tgt_sp, meta)
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
     tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
     if output_dir.exists() and any(output_dir.iterdir()) and not force:

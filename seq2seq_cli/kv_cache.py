@@ -30,7 +30,8 @@ class LayerCache:
     and the new position into the `spare` buffers in one copy, and the buffers that held the
     old cache become the spare ones; every layer of a state shares one spare pair, so a
     decoder of N layers holds N + 1 pairs. self_k/self_v stay contiguous (B, H, L, Dk) views
-    for attention, and nothing is allocated per step.
+    for attention, and nothing is allocated per step except when a buffer outgrows its
+    preallocated size (it then grows by half).
     Reordering is deferred: `order` holds the rows the cache must follow before the next
     position is appended, composed over several reorder/select calls.
     """

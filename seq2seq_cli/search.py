@@ -12,7 +12,8 @@ output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted)
 which EOS is forced; with min_len, EOS is banned before that many tokens.
 
 The searches decode with the model they are given: the callers pack it for oneDNN once
-(`seq2seq_cli/onednn.py`); the decoder's self-attention cache is allocated once per search.
+(`seq2seq_cli/onednn.py`); the decoder's self-attention cache is allocated once per search for
+the source length, and grows only for outputs longer than that.
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
 `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:

@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from seq2seq_cli.batching import pad_batch, token_batches
-from seq2seq_cli.checkpoint import load_checkpoint, resolve_checkpoint
+from seq2seq_cli.checkpoint import check_tokenizers, load_checkpoint
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.distributed import pick_device
 from seq2seq_cli.errors import UserError
@@ -38,7 +38,7 @@ from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_vocab_sizes, load_tokenizers
+from seq2seq_cli.tokenizer import load_tokenizers
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -77,9 +77,7 @@ class Translator:
         dev = pick_device(device, setting="--device")
         model, config, run_dir, meta = load_checkpoint(model_path, dev)
         src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
-        check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src_sp, tgt_sp,
-                          resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]),
-                          meta.get(TOKENIZER_SHA256))
+        check_tokenizers(model_path, run_dir, config, src_sp, tgt_sp, meta)
         settings = config.decode.model_dump()
         settings.update(overrides or {})
         try:
