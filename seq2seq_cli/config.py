@@ -189,6 +189,9 @@ class DecodeConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1.0, description="sample from the smallest set with this much probability")
     seed: int = Field(0, description="seed for sampling")
     batch_tokens: int = Field(4096, ge=1, description="source tokens per translation batch (beams not counted)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="weights and activations when decoding: auto = bf16 on CUDA, fp32 on CPU; fp16 on CUDA only"
+    )
     quantize: Literal["none", "int8"] = Field("none", description="int8: linear layers in int8 when decoding on CPU")
 
     @model_validator(mode="after")

@@ -58,6 +58,23 @@ class OutputOptions:
     attention_head: int | None = None  # None = mean over heads
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def decoding_dtype(decode: DecodeConfig, device: torch.device) -> torch.dtype:
+    """The dtype a loaded model decodes in: decode.precision, where auto is bf16 on CUDA and
+    float32 on CPU (whose fast paths, oneDNN packing and int8, are float32). Scores are
+    accumulated in float32 whatever the model's dtype (`search`)."""
+    precision = decode.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" and decode.quantize == "none" else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device")
+    if decode.quantize != "none" and precision != "fp32":
+        raise UserError(f"--quantize {decode.quantize} decodes with fp32 activations; leave out --precision {precision}")
+    return DTYPES[precision]
+
+
 @dataclass
 class Translator:
     """A loaded run: model, tokenizers and the decoding options to use."""
@@ -86,6 +103,7 @@ class Translator:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
         if decode.quantize != "none" and dev.type != "cpu":
             raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
+        model = model.to(decoding_dtype(decode, dev))
         return cls(for_decoding(model, decode.quantize), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:

@@ -308,6 +308,10 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
                           ["--top-p 2.0: Input should be less than or equal to 1"], 1),
     "flag-quantize": (lambda ws: ["translate", "-m", ws / "run", "--quantize", "int4"],
                       ["--quantize 'int4': Input should be 'none' or 'int8'"], 1),
+    "flag-precision-fp16-cpu": (lambda ws: ["translate", "-m", ws / "run", "--device", "cpu", "--precision", "fp16"],
+                                ["--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device"], 1),
+    "flag-precision-int8": (lambda ws: ["translate", "-m", ws / "run", "--quantize", "int8", "--precision", "bf16"],
+                            ["--quantize int8 decodes with fp32 activations; leave out --precision bf16"], 1),
     "evaluate-arguments": (lambda ws: ["evaluate", "--ref", ws / "ref.txt"], ["give either --hyp FILE, or --model RUN"], 1),
     # flags
     "flag-beam-zero": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "0"],

@@ -201,6 +201,26 @@ def test_int8_translation_from_the_cli_and_the_run_config(run_dir, sentences, tm
     assert outs["int8"].read_text(encoding="utf-8").splitlines() == quant.translate(sentences[:8])
 
 
+def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path):
+    import torch
+
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress",
+                            "--precision", "bf16", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    fp32, bf16 = Translator.load(run_dir, "cpu"), Translator.load(run_dir, "cpu", {"precision": "bf16"})
+    assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}  # auto on CPU
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    assert out.read_text(encoding="utf-8").splitlines() == bf16.translate(sentences)
+    plain, low = fp32.translate_hypotheses(sentences), bf16.translate_hypotheses(sentences)
+    same = [a[0].tokens == b[0].tokens for a, b in zip(plain, low)]
+    assert sum(same) >= 0.75 * len(same)  # bf16 rounding may flip near ties, not the bulk
+    close = [abs(a[0].score - b[0].score) for a, b, s in zip(plain, low, same) if s]
+    assert max(close) < 0.1
+
+
 def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir, sentences, monkeypatch):
     import torch
 
