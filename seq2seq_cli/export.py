@@ -1,10 +1,12 @@
 """Export a trained run to other inference engines.
 
 CTranslate2 (`pip install 'seq2seq[ctranslate2]'`): the weights are mapped onto its
-Transformer specification (post- or pre-norm, scaled embeddings, our positional table
-exported as-is, tied output projection), with the SentencePiece pieces as vocabulary.
+Transformer specification (post- or pre-norm, the feed-forward activation, scaled
+embeddings, our positional table exported as-is, tied output projection and a fixed logits
+bias where the model has one), with the run's pieces as vocabulary in id order.
 The exported model expects SentencePiece pieces as input tokens; CTranslate2 appends the
-end-of-sentence token itself and starts decoding from `<s>`, as our search does.
+end-of-sentence token itself and starts decoding from the model's start token (`<s>`, or
+`<pad>` for a model imported from Marian), as our search does.
 """
 
 from __future__ import annotations
@@ -59,13 +61,17 @@ def _inputs(spec, embed) -> None:
 
 def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab: list[str]):
     """Build a CTranslate2 TransformerSpec holding the model's weights."""
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
     if cfg.head_q_k_size != cfg.head_v_size or cfg.head_q_k_size * cfg.heads != cfg.d_model:
         raise UserError("CTranslate2 export needs q_k_size = v_size = d_model / heads")
     pre = cfg.norm == "pre"
-    spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=pre)
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+                  "gelu": common_spec.Activation.GELU}[cfg.activation]  # GELU: the exact (erf) form, as F.gelu
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=pre, activation=activation
+    )
     enc, dec = spec.encoder, spec.decoder
     _inputs(enc, model.src_embed)
     _inputs(dec, model.tgt_embed)
@@ -89,10 +95,12 @@ def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab:
     dec.projection.weight = (
         model.tgt_embed.tokens.weight if model.output is None else model.output.weight
     ).detach().float().numpy()
+    if model.logits_bias is not None:
+        dec.projection.bias = model.logits_bias.detach().float().numpy()
     spec.register_source_vocabulary(src_vocab)
     spec.register_target_vocabulary(tgt_vocab)
     spec.config.add_source_eos = True
-    spec.config.decoder_start_token = "<s>"
+    spec.config.decoder_start_token = tgt_vocab[cfg.decoder_start_id]
     return spec
 
 
@@ -123,7 +131,7 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     check_quantization(quantization)
     check_export_target(model_path, output_dir)
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
-    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint)
+    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
     check_tokenizers(model_path, run_dir, config, src_sp, tgt_sp, meta)
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
     tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]

@@ -66,3 +66,28 @@ def test_export_refuses_to_overwrite(run_dir, tmp_path):
     assert r.exit_code != 0
     assert r.stderr.strip() == f"error: {out}: already exists and is not empty; use --force to overwrite"
     assert (out / "keep.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("activation", ["swish", "gelu"])
+def test_ctranslate2_export_keeps_the_activation_and_the_logits_bias(activation, tmp_path):
+    """A model whose feed-forward activation is not ReLU and whose logits carry a fixed bias
+    (as a Marian import does) decodes in CTranslate2 as in ours."""
+    from conftest import random_sources, tiny_model
+    from seq2seq_cli.config import DecodeConfig
+    from seq2seq_cli.export import convert_ctranslate2
+    from seq2seq_cli.ids import EOS, PAD
+    from seq2seq_cli.search import greedy_search
+
+    model = tiny_model(vocab=23, activation=activation, logits_bias=True)
+    with torch.no_grad():  # weights large enough for the activation and the bias to decide the outputs
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+        model.logits_bias.normal_(0.0, 2.0)
+    vocab = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, 23)]
+    out = convert_ctranslate2(model, vocab, vocab, tmp_path / "ct2")
+    src = random_sources(8)
+    ours = greedy_search(model, src, DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=12))
+    ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    pieces = [[vocab[t] for t in row.tolist() if t not in (PAD, EOS)] for row in src]
+    theirs = ct.translate_batch(pieces, beam_size=1, max_decoding_length=12)
+    assert [[vocab[t] for t in h.tokens] for h in ours] == [t.hypotheses[0] for t in theirs]

@@ -239,3 +239,22 @@ def test_imported_run_works_with_translate_and_info(imported, tmp_path):
     assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 3
     result = runner.invoke(app, ["info", "-m", str(run)])
     assert result.exit_code == 0 and "total" in result.stdout
+
+
+def test_imported_run_exports_to_ctranslate2_with_the_same_outputs(imported, tmp_path):
+    """An imported Marian run (its own vocabulary file, decoding started from <pad>, swish or
+    ReLU, a logits bias) exports to CTranslate2 and decodes there as in ours."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from seq2seq_cli.translate import Translator
+
+    _, run, _ = imported
+    out = tmp_path / "ct2"
+    result = runner.invoke(app, ["export", str(out), "--model", str(run), "--format", "ctranslate2"])
+    assert result.exit_code == 0, result.output
+    tr = Translator.load(run, "cpu", {"beam_size": 1, "max_len_a": 0.0, "max_len_b": 12})
+    lines = ["hola", "en el principio", "y dijo dios", "la tierra"]
+    ours = [[tr.tgt_sp.id_to_piece(t) for t in h[0].tokens] for h in tr.translate_hypotheses(lines)]
+    ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    pieces = [[tr.src_sp.id_to_piece(i) for i in tr.src_sp.encode(line)] for line in lines]
+    theirs = [t.hypotheses[0] for t in ct.translate_batch(pieces, beam_size=1, max_decoding_length=12)]
+    assert ours == theirs
