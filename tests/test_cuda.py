@@ -210,14 +210,17 @@ def test_a_checkpoint_saved_on_the_device_loads_on_the_cpu(fp32: None, tiny_conf
 
 
 def test_a_run_trained_on_the_cpu_resumes_and_loads_on_the_device(fp32: None, tiny_config: Path, corpus_dir: Path) -> None:
-    """CPU training, then --resume on the device: the optimizer, scaler and generators saved on
-    the CPU continue there, and the result loads on both."""
+    """float32 training on the CPU, then --resume on the device in fp16: the optimizer and
+    generators saved on the CPU continue there, the loss scaler (absent from a float32 save)
+    starts afresh, and the result loads on both."""
     quiet(tiny_config, False, "train.device=cpu", "train.max_steps=6", "train.valid_every=3", "train.log_every=1")
-    run = quiet(tiny_config, True, f"train.device={GPU}", "train.max_steps=12", "train.valid_every=3", "train.log_every=1")
+    run = quiet(tiny_config, True, f"train.device={GPU}", "train.precision=fp16", "train.max_steps=12",
+                "train.valid_every=3", "train.log_every=1")
     records = train_records(run)
     assert [r["step"] for r in records] == list(range(1, 13))
     assert all(math.isfinite(r["train_loss"]) for r in records)
-    assert ckpt.load_train_state(run / "checkpoints" / "last.state.pt")["step"] == 12
+    state = ckpt.load_train_state(run / "checkpoints" / "last.state.pt")
+    assert state["step"] == 12 and math.isfinite(state["scaler"]["scale"])
     shutil.copyfile(corpus_dir / "test.es", run / "test.es")
     assert_translators_agree(run)
 
@@ -225,8 +228,12 @@ def test_a_run_trained_on_the_cpu_resumes_and_loads_on_the_device(fp32: None, ti
 # --------------------------------------------------------------------------- torch.compile
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("clang++") is None,
-                    reason="torch.compile needs a C++ compiler (g++ or clang++) and none is on PATH")
+# the compilers torch.compile builds with: C++ kernels on the CPU, Triton's launcher on CUDA
+COMPILERS = (os.environ.get("CXX", "g++"), "clang++") if GPU == "cpu" else (os.environ.get("CC", "cc"), "gcc", "clang")
+
+
+@pytest.mark.skipif(not any(map(shutil.which, COMPILERS)),
+                    reason=f"torch.compile on {GPU} needs a compiler ({' or '.join(COMPILERS)}) and none is on PATH")
 def test_compiled_training_matches_eager(fp32: None, tmp_path: Path) -> None:
     """train.compile on the device: the losses of eager training (within the CPU test's
     tolerance), checkpoint names without `_orig_mod.`, and a compiled run resumes."""
