@@ -410,7 +410,8 @@ def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.opt
     ckpt.load_weights(model, weights, device)
     saved = ckpt.load_train_state(ckpt_dir / f"{name}.state.pt")
     optimizer.load_state_dict(saved["optimizer"])
-    scaler.load_state_dict(saved["scaler"])
+    if saved["scaler"]:  # empty when saved without loss scaling: an fp16 resume starts the scaler afresh
+        scaler.load_state_dict(saved["scaler"])
     state = TrainState()
     state.load_state_dict(saved)
     set_rng_state(state.rng_for(procs))
