@@ -187,9 +187,10 @@ def test_search_gives_the_cpus_outputs_ties_aside(fp32: None, beam: int) -> None
 
 
 def assert_translators_agree(run: Path, lines: list[str]) -> None:
-    """The run loaded on the CPU and on the device: the same weights, and the same
+    """The run loaded on the CPU and on the device: the same weights, and the same float32
     translations of the test sources, ties aside."""
-    cpu, dev = Translator.load(run, "cpu"), Translator.load(run, GPU)
+    fp32 = {"precision": "fp32"}  # the device would decode in bf16 by default
+    cpu, dev = Translator.load(run, "cpu", fp32), Translator.load(run, GPU, fp32)
     assert next(dev.model.parameters()).device.type == torch.device(GPU).type
     cpu_model, _, _, _ = ckpt.load_checkpoint(run, "cpu")
     dev_model, _, _, _ = ckpt.load_checkpoint(run, GPU)

@@ -148,6 +148,17 @@ def test_bf16_training_on_cpu_lowers_the_loss(tmp_path):
     assert all(math.isfinite(x) for x in losses)
 
 
+def test_a_float32_run_resumes_in_fp16_with_a_fresh_loss_scaler(tmp_path):
+    """A save without loss scaling holds an empty scaler state; resuming it with
+    train.precision=fp16 starts the scaler afresh instead of failing to load it."""
+    cfg = make_config(tmp_path, "fp16-resume", precision="fp32", max_steps=4, valid_every=2, log_every=1)
+    run = quiet(cfg)
+    assert ckpt.load_train_state(run / "checkpoints" / "last.state.pt")["scaler"] == {}
+    quiet(cfg, True, "train.precision=fp16", "train.max_steps=6")
+    state = ckpt.load_train_state(run / "checkpoints" / "last.state.pt")
+    assert state["step"] == 6 and math.isfinite(state["scaler"]["scale"])
+
+
 def test_bf16_attention_on_cpu_matches_float32():
     from seq2seq_cli.model import scaled_dot_product_attention
 
