@@ -43,12 +43,18 @@ def _env_int(name: str, default: int) -> int:
 
 
 def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -> torch.device:
-    """A device setting (auto, cpu, cuda) -> the device of this process; with CUDA, GPU number
-    `local_rank`. `setting` names the option in errors: train.device, or --device."""
-    if name == "cuda" and not torch.cuda.is_available():
-        given = f"{setting} {name}" if setting.startswith("-") else f"{setting}={name}"
+    """A device setting (auto, cpu, cuda, cuda:N) -> the device of this process; with CUDA, GPU
+    number `local_rank` (or N). `setting` names the option in errors: train.device, or --device."""
+    given = f"{setting} {name}" if setting.startswith("-") else f"{setting}={name}"
+    if name.startswith("cuda") and not torch.cuda.is_available():
         use = f"{setting} auto" if setting.startswith("-") else f"{setting}=auto"
         raise UserError(f"{given} but no CUDA device is available; use {use} or cpu")
+    if name.startswith("cuda:"):
+        index = int(name.split(":", 1)[1])
+        if index >= torch.cuda.device_count():
+            raise UserError(f"{given} but this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":

@@ -308,6 +308,8 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
                           ["--top-p 2.0: Input should be less than or equal to 1"], 1),
     "flag-quantize": (lambda ws: ["translate", "-m", ws / "run", "--quantize", "int4"],
                       ["--quantize 'int4': Input should be 'none' or 'int8'"], 1),
+    "flag-device-missing-gpu": (lambda ws: ["translate", "-m", ws / "run", "--device", "cuda:7"],
+                                ["--device cuda:7 but "], 1),
     "flag-precision-fp16-cpu": (lambda ws: ["translate", "-m", ws / "run", "--device", "cpu", "--precision", "fp16"],
                                 ["--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device"], 1),
     "flag-precision-int8": (lambda ws: ["translate", "-m", ws / "run", "--quantize", "int8", "--precision", "bf16"],
