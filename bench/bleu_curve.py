@@ -89,6 +89,8 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--precision", help="decode precision (DecodeConfig.precision), when this version has it")
+    ap.add_argument("--deadline-s", type=float,
+                    help="start no checkpoint after this many seconds; checkpoints are then taken newest first")
     ap.add_argument("--out-json", type=Path, required=True)
     ap.add_argument("--out-png", type=Path)
     args = ap.parse_args()
@@ -104,7 +106,15 @@ def main() -> None:
 
     points: list[dict] = []
     signature = None
-    for step, path in step_checkpoints(args.run):
+    began = time.perf_counter()
+    checkpoints = step_checkpoints(args.run)
+    if args.deadline_s is not None:  # the final model first, then back in time, as long as time allows
+        checkpoints.reverse()
+    for step, path in checkpoints:
+        if args.deadline_s is not None and time.perf_counter() - began > args.deadline_s:
+            points.append({"step": step, "checkpoint": str(path), "skipped": "deadline"})
+            print(f"step {step}: skipped (deadline of {args.deadline_s:.0f} s)", flush=True)
+            continue
         point: dict = {"step": step, "checkpoint": str(path), "elapsed_s": times.get(step)}
         point["minutes"] = point["elapsed_s"] / 60 if point["elapsed_s"] is not None else None
         try:
@@ -122,6 +132,7 @@ def main() -> None:
             print(f"step {step}: {point['error']}", flush=True)
         points.append(point)
 
+    points.sort(key=lambda p: p["step"])
     result = {
         "run": str(args.run), "split": args.split, "src": str(src), "ref": str(ref), "sentences": len(sources),
         "beam": args.beam, "device": args.device, "precision": args.precision, "bleu_signature": signature,
@@ -129,9 +140,9 @@ def main() -> None:
     }
     args.out_json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if args.out_png:
-        plot([p for p in points if p.get("minutes") is not None], args.out_png,
+        plot([p for p in points if p.get("minutes") is not None and "bleu" in p], args.out_png,
              f"{args.run.name}: {args.split} BLEU, beam {args.beam}, {len(sources)} sentences")
-    if not points or all("error" in p for p in points):
+    if not any("bleu" in p for p in points):
         raise SystemExit(f"{args.run}: no checkpoint could be scored")
 
 
