@@ -37,6 +37,8 @@ PACKAGES=(
     requests==2.32.5              # datasets 5.0 imports requests
     urllib3==2.5.0
     charset-normalizer==3.4.4
+    idna==3.20                    # requests' own needs, also there with httpx: harmless twice
+    certifi==2026.7.22
 )
 
 mkdir -p "$WHEELS"
