@@ -86,13 +86,20 @@ EOF
 
 # the wheels the machine lacks (bench/gpu_wheels.sh), once per machine
 install_wheels() {
-    if ls .whl/*.whl >/dev/null 2>&1 && [ "$SMOKE" != 1 ]; then
-        if [ ! -e /tmp/site/.installed ]; then
-            run "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-                --target /tmp/site .whl/*.whl && touch /tmp/site/.installed
-        fi
-        export PYTHONPATH=/tmp/site:$PYTHONPATH
+    [ "$SMOKE" = 1 ] && return 0
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        log "no .whl/ here (bench/gpu_wheels.sh makes it): pydantic and datasets must already be installed"
+        return 0
     fi
+    if [ ! -e /tmp/site/.installed ]; then
+        # a wheel is a zip archive: without pip, unpacking it is the installation these wheels need
+        run "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl \
+            || run "$PYTHON" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+                /tmp/site .whl/*.whl \
+            && touch /tmp/site/.installed
+    fi
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
 }
 
 # the run directory of `recipe`, or a note of why it is not there
