@@ -38,3 +38,9 @@ def hf_marian(args: argparse.Namespace, dropout: float):
         eos_token_id=3, bos_token_id=2, decoder_start_token_id=2, activation_function="relu", scale_embedding=True,
         share_encoder_decoder_embeddings=True, dropout=dropout,
     ))
+
+
+def shape_config(args: argparse.Namespace) -> ModelConfig:
+    """The ModelConfig of the shape flags (dropout aside): what `our_model` builds."""
+    return ModelConfig(d_model=args.d_model, heads=args.heads, ffn_size=args.ffn, encoder_layers=args.layers,
+                       decoder_layers=args.layers, max_positions=512)
