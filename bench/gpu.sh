@@ -116,7 +116,11 @@ trap 'rm -rf "$TMP"' EXIT
 
 stage_check() {
     local ok=1
-    run nvidia-smi || note "nvidia-smi failed"
+    if [ "$SMOKE" = 1 ]; then
+        export SEQ2SEQ_TEST_GPU=cpu  # the CUDA tests, run on the CPU
+    else
+        run nvidia-smi || note "nvidia-smi failed"
+    fi
     run "$PYTHON" -c 'import sys, torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda,
       "available", torch.cuda.is_available())
@@ -291,19 +295,13 @@ stage_decode() {
         STAGE=decode
     fi
     if [ "$SMOKE" = 1 ]; then
-        args=(--limit 40 --hf-dtype fp32)  # the smoke branch may lack translate --precision
+        args=(--limit 40 --hf-dtype bf16)
     else
         args=(--hf-dtype bf16 --repeat "${DECODE_REPEAT:-4}")
-        # DECODE_PRECISION= (empty) leaves the run's own decode.precision
-        local precision=${DECODE_PRECISION-bf16}
-        if [ -n "$precision" ]; then
-            if "$PYTHON" -m seq2seq_cli translate --help 2>/dev/null | grep -q -- "--precision"; then
-                args+=(--precision "$precision")
-            else
-                note "translate has no --precision here: decoding with the run's own settings"
-            fi
-        fi
     fi
+    # DECODE_PRECISION= (empty) leaves the run's own decode.precision (auto: bf16 on CUDA)
+    local precision=${DECODE_PRECISION-bf16}
+    [ -n "$precision" ] && args+=(--precision "$precision")
     run "$PYTHON" -m seq2seq_cli export "$HF_DIR" --model "$RUN" --format hf --force || { ok=0; note "export --format hf failed"; }
     run "$PYTHON" bench/gpu_decode.py "$RUN" --hf-dir "$HF_DIR" --device $DEVICE --beam 5 --hf-batch 128 \
         "${args[@]}" --json "$TMP/decode.json" || { ok=0; note "gpu_decode.py failed (see decode.json)"; }
