@@ -6,9 +6,11 @@
 # The GPU machine has torch, transformers 5.17 (huggingface_hub < 2), typer, sacrebleu,
 # sentencepiece, safetensors, tqdm, pyyaml, matplotlib, tensorboard, pyarrow, numpy, pytest and
 # hypothesis. Missing: pydantic (config), datasets (reading corpora) and what those two need
-# beyond that list. Versions: pydantic as in the development environment; datasets 5.0.x
+# beyond the machine's own packages (it has pandas, requests, xxhash, fsspec, huggingface_hub
+# and pyarrow): only those, since /tmp/site comes first on PYTHONPATH and would shadow the
+# machine's versions. Versions: pydantic as in the development environment; datasets 5.0.x
 # because it accepts huggingface_hub 1.x, the range transformers 5.17 requires (datasets 5.2
-# needs huggingface_hub >= 1.31); pandas 2.3 because it accepts numpy 1.x and 2.x.
+# needs huggingface_hub >= 1.31).
 #
 #   bash bench/gpu_wheels.sh                 # -> .whl/*.whl
 #   PY_VERSION=3.11 WHEELS=/tmp/w bash bench/gpu_wheels.sh   # the same set for another Python
@@ -26,19 +28,10 @@ PACKAGES=(
     annotated-types==0.8.0
     typing-inspection==0.4.5
     typing-extensions==4.16.0     # pydantic-core 2.50 needs >= 4.16
-    # reading corpora
+    # reading corpora (pandas, requests, xxhash, fsspec, huggingface_hub, pyarrow: on the machine)
     datasets==5.0.1
     dill==0.4.1
     multiprocess==0.70.19
-    xxhash==4.1.0
-    pandas==2.3.3
-    pytz==2025.2
-    tzdata==2025.2
-    requests==2.32.5              # datasets 5.0 imports requests
-    urllib3==2.5.0
-    charset-normalizer==3.4.4
-    idna==3.20                    # requests' own needs, also there with httpx: harmless twice
-    certifi==2026.7.22
 )
 
 mkdir -p "$WHEELS"
