@@ -76,6 +76,9 @@ def acquire(run_dir: Path, command: str) -> Path:
     return lock_path
 
 
+RUN_SUBDIRS = ("cache", "checkpoints", "plots", "tensorboard")  # what a run writes into besides its top level
+
+
 def check_writable(run_dir: Path) -> None:
     """Create `run_dir` if need be and check that this process may write in it, so that a
     read-only run directory is named as such, not blamed on the first file written there
@@ -88,6 +91,10 @@ def check_writable(run_dir: Path) -> None:
                         "use a run_dir in a writable place") from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise UserError(f"{run_dir}: run directory is not writable; make it writable (chmod u+w), or use another run_dir")
+    for sub in RUN_SUBDIRS:
+        if (run_dir / sub).is_dir() and not os.access(run_dir / sub, os.W_OK | os.X_OK):
+            raise UserError(f"{run_dir / sub}: directory of the run is not writable; make it writable (chmod u+w), "
+                            "or use another run_dir")
 
 
 def release(lock_path: Path) -> None:

@@ -349,6 +349,16 @@ def read_only_run(ws: Path) -> Path:
     return cfg
 
 
+def read_only_cache(ws: Path) -> Path:
+    """A config whose run holds a tokenizer and a read-only data cache directory."""
+    from seq2seq_cli.tokenizer import train_tokenizer
+
+    cfg = config_with(ws, "rocache")
+    train_tokenizer(load_config(cfg))
+    read_only(ws / "run-rocache" / "cache")
+    return cfg
+
+
 def under_read_only(ws: Path) -> Path:
     """A config whose run directory would be created inside a read-only directory."""
     read_only(ws / "ro-parent")
@@ -363,6 +373,8 @@ PROCESS_CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "run-dir-read-only-tokenize": (
         lambda ws: ["tokenize", "-c", config_with(ws, "rotok", lambda r: r.update(run_dir=str(read_only(ws / "ro-empty"))))],
         ["ro-empty: run directory is not writable"], 1),
+    "run-cache-read-only": (lambda ws: ["train", "-c", read_only_cache(ws)],
+                            ["run-rocache/cache: directory of the run is not writable", "another run_dir"], 1),
     "run-dir-cannot-create": (lambda ws: ["tokenize", "-c", under_read_only(ws)],
                               ["ro-parent/run: run directory cannot be created (Permission denied in", "writable place"], 1),
 }
