@@ -64,7 +64,9 @@ from seq2seq_cli.loss import label_smoothed_nll
 from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 from seq2seq_cli.tokenizer import (
+    TOKENIZER_SHA256,
     VOCAB_FILES,
+    check_fingerprint,
     load_tokenizers,
     model_paths,
     train_tokenizer,
@@ -419,6 +421,18 @@ def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.opt
     return state
 
 
+def check_resume_tokenizer(config: Config) -> None:
+    """--resume with a tokenizer that is not the one the last checkpoint was trained with is
+    refused before the corpus is encoded with it. Only the metadata of `last` is read; where it
+    is missing or damaged, `resume_state` checks the checkpoint it resumes from instead."""
+    last = config.run_path / ckpt.CHECKPOINT_DIR / "last.safetensors"
+    try:
+        meta = ckpt.read_metadata(last)
+    except UserError:
+        return
+    check_fingerprint(config.run_path, last, meta.get(TOKENIZER_SHA256))
+
+
 def check_tokenizer_size(config: Config) -> None:
     """The recorded config must be the truth: a tokenizer already in the run that was trained
     with another tokenizer.vocab_size than the config's is refused, not used under a wrong record."""
@@ -534,6 +548,8 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         torch.set_num_threads(t.threads)
     torch.manual_seed(t.seed)
     random.seed(t.seed)
+    if resume:
+        check_resume_tokenizer(config)
     data = prepare_data(config, procs, log)
 
     vocab_sizes = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()

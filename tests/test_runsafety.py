@@ -306,11 +306,13 @@ def test_a_foreign_tokenizer_of_the_same_size_is_refused(trained, tmp_path):
         line = error_line(runner.invoke(app, ["translate", "-m", str(model), "--no-progress"], input="hola\n"))
         assert line.startswith(f"error: {run / 'spm.model'}: tokenizer is not the one ") and "sha256 differs" in line, line
         assert str(model if model == average else run / "checkpoints" / "best.safetensors") in line, line
-    # --resume, as with a checkpoint of another architecture: refused once the data is read
+    # --resume: refused before the corpus is encoded with the foreign tokenizer
+    encoded = sorted((run / "cache" / "encoded").iterdir())
     result = runner.invoke(app, ["train", "-c", str(cfg), "--resume", "--no-progress", "--set", "train.max_steps=6"])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     line = result.stderr.strip().splitlines()[-1]
     assert f"{run / 'spm.model'}: tokenizer is not the one {run / 'checkpoints' / 'last.safetensors'}" in line, line
+    assert sorted((run / "cache" / "encoded").iterdir()) == encoded
 
 
 def test_a_checkpoint_without_a_tokenizer_record_loads_as_before(trained, tmp_path):
