@@ -150,31 +150,26 @@ def main() -> None:
             result["ours_process"] = r
             print("ours (process):", json.dumps(r), flush=True)
 
-    if "ours" in args.systems:
+    def in_process(name: str, label: str, system) -> None:
+        """Time one in-process system on the sources; its figures (or its error) go in result[name]."""
         try:
-            r, hyps = ours_in_process(args, sources)
+            r, hyps = system(args, sources)
             r["sentences_per_s"] = n / r["decode_s"]
-            r["sentences_per_s_with_load"] = n / (r["decode_s"] + r["load_and_warmup_s"])
+            setup = r.get("load_and_warmup_s", 0.0) + r.get("load_s", 0.0) + r.get("warmup_s", 0.0)
+            r["sentences_per_s_with_load"] = n / (r["decode_s"] + setup)
             s = score(hyps, refs)
             r.update(bleu=round(s.bleu, 2), chrf=round(s.chrf, 2), bleu_signature=s.bleu_signature)
-        except Exception as exc:
+        except Exception as exc:  # record and go on with the other systems
             r = {"error": error_line(exc)}
-        result["ours"] = r
-        print("ours (in process):", json.dumps(r), flush=True)
+        result[name] = r
+        print(f"{label}:", json.dumps(r), flush=True)
+
+    if "ours" in args.systems:
+        in_process("ours", "ours (in process)", ours_in_process)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-
     if "hf" in args.systems:
-        try:
-            r, hyps = hf_generate(args, sources)
-            r["sentences_per_s"] = n / r["decode_s"]
-            r["sentences_per_s_with_load"] = n / (r["decode_s"] + r["load_s"] + r["warmup_s"])
-            s = score(hyps, refs)
-            r.update(bleu=round(s.bleu, 2), chrf=round(s.chrf, 2), bleu_signature=s.bleu_signature)
-        except Exception as exc:
-            r = {"error": error_line(exc)}
-        result["hf"] = r
-        print("hf generate:", json.dumps(r), flush=True)
+        in_process("hf", "hf generate", hf_generate)
 
     hf_speed = result.get("hf", {}).get("sentences_per_s")
     if hf_speed:
