@@ -17,7 +17,6 @@ NAME.json the manifest {"format_version", "step", "sha256": {"weights", "state"}
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from safetensors.torch import load_model, save_model
 
 from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_config
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps
+from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps, sha256
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_fingerprint, check_vocab_sizes, tokenizer_fingerprint
 
@@ -64,14 +63,6 @@ def read_metadata(path: Path) -> dict[str, str]:
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {meta.get('format_version')!r}, expected {FORMAT_VERSION!r}")
     return meta
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(ckpt_dir: Path, name: str) -> dict[str, Path]:

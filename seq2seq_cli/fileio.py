@@ -9,6 +9,7 @@ first invalid UTF-8 in it. A name ending in `.gz` is read through gzip.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 import stat
@@ -160,3 +161,9 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
     else:
         atomic_write(path, write)
     return count
+
+
+def sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -5,7 +5,6 @@ Ids are fixed for every model: pad 0, unk 1, bos 2, eos 3.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ import sentencepiece as spm
 from seq2seq_cli import runlock
 from seq2seq_cli.config import Config
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import remove_dead_temps
+from seq2seq_cli.fileio import remove_dead_temps, sha256
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
 
 
@@ -268,18 +267,13 @@ def id_files(run_dir: Path, joint: bool, vocabulary: str) -> list[Path]:
     return list(dict.fromkeys(model_paths(run_dir, joint)))
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def tokenizer_fingerprint(run_dir: Path, joint: bool, vocabulary: str) -> str | None:
     """The sha256 of each of the run's `id_files`, as JSON {name: sha256}, recorded in every
     checkpoint; None when a file is missing (a checkpoint saved outside a run directory)."""
     files = id_files(run_dir, joint, vocabulary)
     if not all(p.is_file() for p in files):
         return None
-    return json.dumps({p.name: _sha256(p) for p in files}, sort_keys=True)
+    return json.dumps({p.name: sha256(p) for p in files}, sort_keys=True)
 
 
 def check_fingerprint(run_dir: Path, checkpoint: Path, fingerprint: str | None) -> None:
@@ -296,7 +290,7 @@ def check_fingerprint(run_dir: Path, checkpoint: Path, fingerprint: str | None) 
         raise UserError(f"{checkpoint}: its {TOKENIZER_SHA256} metadata is not a JSON object of file sha256s")
     for name, digest in sorted(recorded.items()):
         path = run_dir / str(name)
-        if path.is_file() and _sha256(path) != digest:
+        if path.is_file() and sha256(path) != digest:
             raise UserError(
                 f"{path}: tokenizer is not the one {checkpoint} was trained with (same size, but its sha256 differs "
                 "from the one the checkpoint records); put back the run's own tokenizer file"

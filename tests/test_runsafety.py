@@ -319,7 +319,8 @@ def test_a_checkpoint_without_a_tokenizer_record_loads_as_before(trained, tmp_pa
     """Checkpoints saved before they recorded their tokenizer are used unchecked."""
     from safetensors.torch import load_file, save_file
 
-    from seq2seq_cli.checkpoint import read_metadata, sha256
+    from seq2seq_cli.checkpoint import read_metadata
+    from seq2seq_cli.fileio import sha256
     from seq2seq_cli.tokenizer import TOKENIZER_SHA256
 
     _, run = copy_run(trained, tmp_path)
