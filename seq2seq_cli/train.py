@@ -65,8 +65,8 @@ from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
 from seq2seq_cli.tokenizer import (
     TOKENIZER_SHA256,
-    VOCAB_FILES,
     check_fingerprint,
+    id_files,
     load_tokenizers,
     model_paths,
     train_tokenizer,
@@ -470,12 +470,11 @@ def claim_run_dir(config: Config, resume: bool, overwrite: bool, procs: Processe
 
 def tokenizer_files(run_dir: Path, t: TokenizerConfig) -> list[Path]:
     """The files of a run's tokenizer: SentencePiece model(s) (with their .vocab listings when
-    present), or source.spm/target.spm and the vocabulary file(s)."""
+    present), or source.spm/target.spm and the vocabulary file(s): the `id_files` and the listings."""
+    files = id_files(run_dir, t.joint, t.vocabulary)
     if t.vocabulary == "file":
-        names = [*VOCAB_FILES["source"], VOCAB_FILES["target"][0], *([] if t.joint else [VOCAB_FILES["target"][1]])]
-        return [run_dir / name for name in names]
-    models = sorted(set(model_paths(run_dir, t.joint)))
-    return models + [p.with_suffix(".vocab") for p in models if p.with_suffix(".vocab").is_file()]
+        return files
+    return files + [p.with_suffix(".vocab") for p in files if p.with_suffix(".vocab").is_file()]
 
 
 @dataclass
