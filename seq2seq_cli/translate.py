@@ -64,10 +64,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def decoding_dtype(decode: DecodeConfig, device: torch.device) -> torch.dtype:
     """The dtype a loaded model decodes in: decode.precision, where auto is bf16 on CUDA and
     float32 on CPU (whose fast paths, oneDNN packing and int8, are float32). Scores are
-    accumulated in float32 whatever the model's dtype (`search`)."""
+    accumulated in float32 whatever the model's dtype (`search`). Settings that cannot go
+    together on `device` are refused here."""
+    if decode.quantize != "none" and device.type != "cpu":
+        raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
     precision = decode.precision
     if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and decode.quantize == "none" else "fp32"
+        precision = "bf16" if device.type == "cuda" else "fp32"
     if precision == "fp16" and device.type != "cuda":
         raise UserError("--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device")
     if decode.quantize != "none" and precision != "fp32":
@@ -101,8 +104,6 @@ class Translator:
             decode = DecodeConfig(**settings)
         except ValidationError as exc:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
-        if decode.quantize != "none" and dev.type != "cpu":
-            raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
         model = model.to(decoding_dtype(decode, dev))
         return cls(for_decoding(model, decode.quantize), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
 
