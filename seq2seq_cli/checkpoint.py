@@ -35,7 +35,13 @@ from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps, sha256
 from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import TOKENIZER_SHA256, check_fingerprint, check_vocab_sizes, tokenizer_fingerprint
+from seq2seq_cli.tokenizer import (
+    TOKENIZER_SHA256,
+    check_fingerprint,
+    check_vocab_sizes,
+    load_tokenizers,
+    tokenizer_fingerprint,
+)
 
 FORMAT_VERSION = "1"
 CHECKPOINT_DIR = "checkpoints"
@@ -181,13 +187,16 @@ def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
     raise UserError(f"{p}: model not found (expected a run directory or a .safetensors checkpoint)")
 
 
-def check_tokenizers(model_path: str | Path, run_dir: Path, config: Config, src: Any, tgt: Any, meta: dict[str, str]) -> None:
-    """Refuse tokenizers (`src`, `tgt`, loaded from `run_dir`) that do not belong to the
-    checkpoint `load_checkpoint(model_path)` read (`meta`, its metadata): other vocabulary
-    sizes, or files other than those it records (`check_vocab_sizes`)."""
-    check_vocab_sizes(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary, src, tgt,
-                      resolve_checkpoint(model_path)[1], int(meta["src_vocab"]), int(meta["tgt_vocab"]),
-                      meta.get(TOKENIZER_SHA256))
+def load_run_tokenizers(model_path: str | Path, run_dir: Path, config: Config, meta: dict[str, str]) -> tuple[Any, Any]:
+    """The (source, target) tokenizers of the run `load_checkpoint(model_path)` read (`run_dir`,
+    `config`, and `meta`, the checkpoint's metadata), loaded as its config says (SentencePiece
+    or a vocabulary file) and refused when they do not belong to the checkpoint: other
+    vocabulary sizes, or files other than those it records (`check_vocab_sizes`)."""
+    t = config.tokenizer
+    src, tgt = load_tokenizers(run_dir, t.joint, t.vocabulary)
+    check_vocab_sizes(run_dir, t.joint, t.vocabulary, src, tgt, resolve_checkpoint(model_path)[1],
+                      int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta.get(TOKENIZER_SHA256))
+    return src, tgt
 
 
 def load_checkpoint(

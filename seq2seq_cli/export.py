@@ -14,10 +14,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from seq2seq_cli.checkpoint import check_tokenizers, load_checkpoint, resolve_checkpoint
+from seq2seq_cli.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model import MultiHeadAttention, Seq2SeqTransformer
-from seq2seq_cli.tokenizer import load_tokenizers
 
 
 def _linear(spec, layer) -> None:
@@ -131,8 +130,7 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     check_quantization(quantization)
     check_export_target(model_path, output_dir)
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
-    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
-    check_tokenizers(model_path, run_dir, config, src_sp, tgt_sp, meta)
+    src_sp, tgt_sp = load_run_tokenizers(model_path, run_dir, config, meta)
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
     tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
     if output_dir.exists() and any(output_dir.iterdir()) and not force:

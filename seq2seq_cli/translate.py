@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from seq2seq_cli.batching import pad_batch, token_batches
-from seq2seq_cli.checkpoint import check_tokenizers, load_checkpoint
+from seq2seq_cli.checkpoint import load_checkpoint, load_run_tokenizers
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.distributed import pick_device
 from seq2seq_cli.errors import UserError
@@ -38,7 +38,6 @@ from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model import Seq2SeqTransformer
 from seq2seq_cli.onednn import for_decoding
 from seq2seq_cli.search import Hypothesis, search
-from seq2seq_cli.tokenizer import load_tokenizers
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -96,8 +95,7 @@ class Translator:
             raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
         model, config, run_dir, meta = load_checkpoint(model_path, dev)
-        src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
-        check_tokenizers(model_path, run_dir, config, src_sp, tgt_sp, meta)
+        src_sp, tgt_sp = load_run_tokenizers(model_path, run_dir, config, meta)
         settings = config.decode.model_dump()
         settings.update(overrides or {})
         try:

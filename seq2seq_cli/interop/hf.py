@@ -359,8 +359,8 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     """Write a run (or checkpoint) as a MarianMTModel + MarianTokenizer directory; returns it."""
     from safetensors.torch import save_file
 
-    from seq2seq_cli.checkpoint import atomic_write, atomic_write_text, check_tokenizers, load_checkpoint
-    from seq2seq_cli.tokenizer import VOCAB_FILES, load_tokenizers, model_paths
+    from seq2seq_cli.checkpoint import atomic_write, atomic_write_text, load_checkpoint, load_run_tokenizers
+    from seq2seq_cli.tokenizer import VOCAB_FILES, model_paths
 
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
     joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
@@ -369,8 +369,7 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
         raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
-    src_tok, tgt_tok = load_tokenizers(run_dir, joint, vocabulary)
-    check_tokenizers(model_path, run_dir, config, src_tok, tgt_tok, meta)
+    src_tok, tgt_tok = load_run_tokenizers(model_path, run_dir, config, meta)
     output_dir.mkdir(parents=True, exist_ok=True)
     if vocabulary == "file":
         spm_files = [run_dir / VOCAB_FILES["source"][0], run_dir / VOCAB_FILES["target"][0]]
