@@ -2,7 +2,7 @@
 
 One process loads each step checkpoint of RUN in turn (`Translator.load`, as `seq2seq
 translate` does), translates the split's source with the given beam and scores it with
-`seq2seq_cli.evaluate.score` (sacreBLEU, with its signature). A checkpoint's time is the
+`seq2seq_cli.decode.evaluate.score` (sacreBLEU, with its signature). A checkpoint's time is the
 `elapsed_s` of its step's validation record in RUN/metrics.jsonl (training time since the run
 began, validations included). Writes the points as JSON and a plot of BLEU against minutes.
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from seq2seq_cli.evaluate import score
+from seq2seq_cli.decode.evaluate import score
+from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.fileio import read_lines
-from seq2seq_cli.translate import Translator
 
 # What the GPU issue compares against: HF MarianMTModel from scratch, same data and recipe.
 HF_POINTS = [(6.5, 24.75), (8.8, 27.34)]

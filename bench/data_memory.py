@@ -75,7 +75,8 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
-    from seq2seq_cli.tokenizer import load_tokenizers, train_tokenizer
+    from seq2seq_cli.data.tokenizer import load_tokenizers
+    from seq2seq_cli.run.tokenizing import train_tokenizer
 
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
@@ -106,7 +107,7 @@ def main() -> None:
 
         million = repeat_corpus(tmp / "million", pairs=args.pairs) if args.pairs else ""
         src_sp, tgt_sp = load_tokenizers(tok.run_path, True)
-        from seq2seq_cli.encoding import encoded_split
+        from seq2seq_cli.data.encoding import encoded_split
 
         for proc in args.num_proc if args.pairs else []:
             cfg = Config(name="enc", run_dir=str(tmp / f"enc{proc}"),

@@ -24,8 +24,8 @@ import torch
 from shapes import add_shape_arguments, hf_marian, our_model
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.onednn import for_decoding
-from seq2seq_cli.search import search
+from seq2seq_cli.decode.onednn import for_decoding
+from seq2seq_cli.decode.search import search
 
 
 def interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -81,7 +81,7 @@ def main() -> None:
     if "ct2" in args.systems and args.device == "cpu":
         import ctranslate2
 
-        from seq2seq_cli.export import convert_ctranslate2
+        from seq2seq_cli.interop.export import convert_ctranslate2
 
         vocab = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, args.vocab)]
         with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from seq2seq_cli.evaluate import score
+from seq2seq_cli.decode.evaluate import score
 from seq2seq_cli.fileio import read_lines, write_lines
 
 
@@ -56,7 +56,7 @@ def ours_process(args: argparse.Namespace, src: Path, out: Path) -> dict:
 
 
 def ours_in_process(args: argparse.Namespace, sources: list[str]) -> tuple[dict, list[str]]:
-    from seq2seq_cli.translate import Translator
+    from seq2seq_cli.decode.translate import Translator
 
     overrides: dict[str, object] = {"beam_size": args.beam}
     if args.precision:

@@ -3,7 +3,7 @@
 Both systems train for the same wall-clock budget on the shipped corpus with the same recipe:
 the run's own SentencePiece model, the same model shape, the very same batches in the same
 order (our token-budget, length-bucketed epochs), the same label-smoothed loss, fused AdamW,
-learning-rate schedule and clipping. Ours is the real trainer (`seq2seq_cli.train.train` on the
+learning-rate schedule and clipping. Ours is the real trainer (`seq2seq_cli.train.loop.train` on the
 config, validation and checkpoints included in its budget, as the quick start runs it); HF's
 is a plain PyTorch loop around `MarianMTModel` (random init, transformers' own initialisation)
 that validates nothing while it trains. Afterwards both are scored on the same split:
@@ -30,14 +30,14 @@ import numpy as np
 import torch
 
 from seq2seq_cli.config import Config, load_config
-from seq2seq_cli.evaluate import score
-from seq2seq_cli.formats import read_split
+from seq2seq_cli.data.formats import read_split
+from seq2seq_cli.decode.evaluate import score
 from seq2seq_cli.ids import BOS, EOS, PAD
 
 
 def corpora(config: Config):
-    from seq2seq_cli.encoding import encoded_split
-    from seq2seq_cli.tokenizer import load_tokenizers
+    from seq2seq_cli.data.encoding import encoded_split
+    from seq2seq_cli.data.tokenizer import load_tokenizers
 
     src_sp, tgt_sp = load_tokenizers(config.run_path, config.tokenizer.joint)
     train = encoded_split(config, config.data.train, src_sp, tgt_sp, training=True)
@@ -47,7 +47,7 @@ def corpora(config: Config):
 
 def update_tokens(config: Config, train, updates: int) -> int:
     """Non-pad source + target tokens of the first `updates` updates (one batch each)."""
-    from seq2seq_cli.batching import epoch_batches
+    from seq2seq_cli.data.batching import epoch_batches
 
     t, total, epoch = config.train, 0, 0
     while updates > 0:
@@ -59,10 +59,10 @@ def update_tokens(config: Config, train, updates: int) -> int:
 
 
 def run_ours(config: Config) -> dict:
-    from seq2seq_cli.checkpoint import load_checkpoint
-    from seq2seq_cli.metrics import read_metrics
-    from seq2seq_cli.train import train
-    from seq2seq_cli.translate import Translator
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.run.checkpoint import load_checkpoint
+    from seq2seq_cli.train.loop import train
+    from seq2seq_cli.train.metrics import read_metrics
 
     run_dir = train(config, progress=False)
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -99,9 +99,9 @@ def hf_model(config: Config, vocab: int):
 
 
 def run_hf(config: Config) -> dict:
-    from seq2seq_cli.batching import collate, epoch_batches
-    from seq2seq_cli.loss import label_smoothed_nll
-    from seq2seq_cli.train import learning_rate, make_optimizer
+    from seq2seq_cli.data.batching import collate, epoch_batches
+    from seq2seq_cli.train.loop import learning_rate, make_optimizer
+    from seq2seq_cli.train.loss import label_smoothed_nll
 
     t = config.train
     src_sp, tgt_sp, train, _ = corpora(config)
@@ -153,7 +153,7 @@ def run_hf(config: Config) -> dict:
 
 
 def valid_nll(config: Config, forward: torch.nn.Module, valid) -> float:
-    from seq2seq_cli.train import validate
+    from seq2seq_cli.train.loop import validate
 
     return validate(forward, valid, config, torch.device("cpu"))["valid_nll"]
 

@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from seq2seq_cli.config import ModelConfig
-from seq2seq_cli.model import Seq2SeqTransformer, build_model
+from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
 
 
 def add_shape_arguments(ap: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ the eager ones. A system that fails to build, compile or run (out of memory, say
 and its error recorded; the others go on.
 
 MFU (model FLOPs utilisation) = model FLOP/s / peak FLOP/s. Model FLOPs per update come from
-`seq2seq_cli.info.flop_estimate`, the estimate `seq2seq info` prints, for one sentence pair of
+`seq2seq_cli.model.info.flop_estimate`, the estimate `seq2seq info` prints, for one sentence pair of
 S = T = --len tokens, times --batch; the same count for every system (all three compute the
 same products). Only matrix products count, a multiply-add = 2 FLOPs; with D = d_model,
 H heads of size Dk = Dv = D/H, F = FFN size, V = vocabulary, N layers per side:
@@ -61,9 +61,9 @@ import torch.nn.functional as F
 from shapes import add_shape_arguments, hf_marian, our_model, shape_config
 
 from seq2seq_cli.config import TrainConfig
-from seq2seq_cli.info import flop_estimate
-from seq2seq_cli.loss import label_smoothed_nll
-from seq2seq_cli.train import autocast, make_optimizer
+from seq2seq_cli.model.info import flop_estimate
+from seq2seq_cli.train.loop import autocast, make_optimizer
+from seq2seq_cli.train.loss import label_smoothed_nll
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks, TFLOP/s, by a piece of the device name.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
@@ -74,7 +74,7 @@ class TorchTransformer(torch.nn.Module):
 
     def __init__(self, vocab: int, d: int, heads: int, layers: int, ffn: int) -> None:
         super().__init__()
-        from seq2seq_cli.model import sinusoidal_table
+        from seq2seq_cli.model.transformer import sinusoidal_table
 
         self.emb = torch.nn.Embedding(vocab, d, padding_idx=0)
         self.register_buffer("pe", sinusoidal_table(512, d))

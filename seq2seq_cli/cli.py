@@ -154,7 +154,7 @@ def _load(config: Path, overrides: list[str] | None):
 @user_errors
 def tokenize(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Train the SentencePiece model(s) on the training split into the run directory."""
-    from seq2seq_cli.tokenizer import train_tokenizer
+    from seq2seq_cli.run.tokenizing import train_tokenizer
 
     cfg = _load(config, set_)
     for path in train_tokenizer(cfg):
@@ -175,7 +175,7 @@ def train(
              "architecture and tokenizer; fresh optimizer and schedule.")] = None,
 ) -> None:
     """Train a model; checkpoints, metrics.jsonl and the resolved config go to the run directory."""
-    from seq2seq_cli.train import train as run_training
+    from seq2seq_cli.train.loop import train as run_training
 
     cfg = _load(config, set_)
     try:
@@ -195,14 +195,14 @@ def info(
     tgt_len: Annotated[int, typer.Option("--tgt-len", min=1, help="Target tokens per sentence for the FLOP estimates.")] = 32,
 ) -> None:
     """Parameters per part (tied parts counted once), FLOPs per token and memory of a model."""
-    from seq2seq_cli.info import info_report, model_from_config
+    from seq2seq_cli.model.info import info_report, model_from_config
 
     if (config is None) == (model is None):
         raise UserError("give either --config FILE (the model it describes) or --model RUN (a trained model)")
     if model is not None:
         if set_:
             raise UserError("--set changes a config; it goes with --config, not --model")
-        from seq2seq_cli.checkpoint import load_checkpoint
+        from seq2seq_cli.run.checkpoint import load_checkpoint
 
         net = load_checkpoint(model)[0]
     else:
@@ -230,7 +230,7 @@ def translate(
     decode: dict[str, object],
 ) -> None:
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
-    from seq2seq_cli.translate import OutputOptions, Translator, translate_file
+    from seq2seq_cli.decode.translate import OutputOptions, Translator, translate_file
 
     translator = Translator.load(model, device, decode)
     layers = translator.model.cfg.decoder_layers
@@ -259,7 +259,7 @@ def evaluate(
     decode: dict[str, object],
 ) -> None:
     """Score translations with sacreBLEU: BLEU and chrF with their signatures."""
-    from seq2seq_cli.evaluate import evaluate as run_evaluation
+    from seq2seq_cli.decode.evaluate import evaluate as run_evaluation
 
     if (hyp is None) == (model is None and src is None):
         raise UserError("give either --hyp FILE, or --model RUN with --src FILE (and --ref FILE in both cases)")
@@ -267,7 +267,7 @@ def evaluate(
         raise UserError("--model and --src go together: translate --src with --model and score against --ref")
     translator = None
     if model is not None:
-        from seq2seq_cli.translate import Translator
+        from seq2seq_cli.decode.translate import Translator
 
         translator = Translator.load(model, device, decode)
     scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output)
@@ -286,7 +286,7 @@ def average(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write, inside RUN/checkpoints; default RUN/checkpoints/average-last-N.safetensors.")] = None,
 ) -> None:
     """Average the weights of the last N checkpoints of a run (often a little better than the last)."""
-    from seq2seq_cli.checkpoint import average_checkpoints
+    from seq2seq_cli.run.checkpoint import average_checkpoints
 
     if last < 1:
         raise UserError(f"--last: must be >= 1 (got {last})")
@@ -303,7 +303,7 @@ def export(
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
 ) -> None:
     """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""
-    from seq2seq_cli.export import check_export_target, export_ctranslate2
+    from seq2seq_cli.interop.export import check_export_target, export_ctranslate2
 
     check_export_target(model, output)
     if format == "hf":

@@ -10,7 +10,7 @@ import yaml
 
 from helpers import REPO, SHIPPED
 from seq2seq_cli.config import ModelConfig
-from seq2seq_cli.model import Seq2SeqTransformer, build_model
+from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
 
 
 def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransformer:

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from seq2seq_cli.config import load_config
 from seq2seq_cli.ids import BOS, EOS
-from seq2seq_cli.model import Seq2SeqTransformer
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "data" / "bible-es-en"
@@ -31,7 +31,7 @@ def make_config(tmp: Path, name: str, **train_overrides) -> Path:
 
 def quiet(cfg_path: Path, resume: bool = False, *overrides: str) -> Path:
     """Train from a config file without progress bar or log -> the run directory."""
-    from seq2seq_cli.train import train
+    from seq2seq_cli.train.loop import train
 
     return train(load_config(cfg_path, list(overrides)), resume=resume, progress=False, log=lambda _: None)
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from seq2seq_cli.batching import collate, epoch_batches, pad_batch, token_batches
-from seq2seq_cli.encoding import EncodedCorpus
+from seq2seq_cli.data.batching import collate, epoch_batches, pad_batch, token_batches
+from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.ids import BOS, EOS, PAD
 
 

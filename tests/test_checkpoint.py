@@ -11,12 +11,12 @@ import torch
 from typer.testing import CliRunner
 
 from helpers import assert_same, make_config, quiet, train_records
-from seq2seq_cli import checkpoint as ckpt
-from seq2seq_cli import train as train_module
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.train import train
+from seq2seq_cli.run import checkpoint as ckpt
+from seq2seq_cli.train import loop as train_module
+from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 

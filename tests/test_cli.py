@@ -159,7 +159,7 @@ def test_decoding_flags_are_decoconfigs_fields_on_both_commands():
 
 
 def test_decoding_flags_reach_the_translator_by_config_key(monkeypatch, tmp_path):
-    import seq2seq_cli.translate as translate_module
+    import seq2seq_cli.decode.translate as translate_module
 
     seen = []
 

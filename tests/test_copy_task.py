@@ -2,13 +2,13 @@
 
 import torch
 
-from seq2seq_cli.batching import pad_batch
 from seq2seq_cli.config import DecodeConfig, ModelConfig
+from seq2seq_cli.data.batching import pad_batch
+from seq2seq_cli.decode.search import beam_search, greedy_search
 from seq2seq_cli.ids import BOS, EOS
-from seq2seq_cli.loss import label_smoothed_nll
-from seq2seq_cli.model import build_model
-from seq2seq_cli.search import beam_search, greedy_search
-from seq2seq_cli.train import inverse_sqrt_lr
+from seq2seq_cli.model.transformer import build_model
+from seq2seq_cli.train.loop import inverse_sqrt_lr
+from seq2seq_cli.train.loss import label_smoothed_nll
 
 SYMBOLS = list(range(4, 14))
 

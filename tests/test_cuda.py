@@ -26,12 +26,12 @@ import torch
 
 from conftest import random_sources, tiny_model
 from helpers import make_config, quiet, sequence_log_prob, train_records
-from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.search import Hypothesis, length_penalty, search
+from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.ids import BOS, EOS, PAD
-from seq2seq_cli.model import Seq2SeqTransformer
-from seq2seq_cli.search import Hypothesis, length_penalty, search
-from seq2seq_cli.translate import Translator
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
+from seq2seq_cli.run import checkpoint as ckpt
 
 GPU = os.environ.get("SEQ2SEQ_TEST_GPU", "cuda")
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from seq2seq_cli.data.formats import read_parallel
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.formats import read_parallel
 
 
 def _write_pair(tmp_path, src_lines, tgt_lines, src_bytes=None):

@@ -16,14 +16,15 @@ from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
 from helpers import assert_same, make_config, quiet
-from seq2seq_cli.batching import collate
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig, load_config
-from seq2seq_cli.encoding import encoded_split
+from seq2seq_cli.data.batching import collate
+from seq2seq_cli.data.encoding import encoded_split
+from seq2seq_cli.data.formats import read_parallel
+from seq2seq_cli.data.tokenizer import load_tokenizers
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.formats import read_parallel
 from seq2seq_cli.ids import BOS, EOS, PAD
-from seq2seq_cli.tokenizer import load_tokenizers, train_tokenizer
+from seq2seq_cli.run.tokenizing import train_tokenizer
 
 runner = CliRunner()
 

@@ -51,8 +51,8 @@ def test_two_processes_match_one_process_accumulating_their_batches(tmp_path):
 
 
 def test_batches_are_dealt_round_robin_and_an_idle_process_gets_a_weightless_stand_in():
-    from seq2seq_cli.distributed import Processes
-    from seq2seq_cli.train import my_batches
+    from seq2seq_cli.train.distributed import Processes
+    from seq2seq_cli.train.loop import my_batches
 
     update = [np.array([i]) for i in range(3)]  # update_freq 2 on 2 processes, the epoch's last: one short
     zero, one = Processes(rank=0, world=2), Processes(rank=1, world=2)

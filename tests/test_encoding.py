@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 
 from seq2seq_cli.config import DataConfig
-from seq2seq_cli.encoding import Drop, EncodedCorpus, check_no_empty_lines, describe_drops
+from seq2seq_cli.data.encoding import Drop, EncodedCorpus, check_no_empty_lines, describe_drops
+from seq2seq_cli.data.formats import read_parallel
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.formats import read_parallel
 
 
 def _write_pair(tmp_path, src_lines, tgt_lines, src_bytes=None):

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
-from seq2seq_cli.train import train
+from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 
@@ -341,7 +341,7 @@ def read_only(path: Path) -> Path:
 
 def read_only_run(ws: Path) -> Path:
     """A config whose run directory holds a tokenizer and is read-only."""
-    from seq2seq_cli.tokenizer import train_tokenizer
+    from seq2seq_cli.run.tokenizing import train_tokenizer
 
     cfg = config_with(ws, "rorun")
     train_tokenizer(load_config(cfg))
@@ -351,7 +351,7 @@ def read_only_run(ws: Path) -> Path:
 
 def read_only_cache(ws: Path) -> Path:
     """A config whose run holds a tokenizer and a read-only data cache directory."""
-    from seq2seq_cli.tokenizer import train_tokenizer
+    from seq2seq_cli.run.tokenizing import train_tokenizer
 
     cfg = config_with(ws, "rocache")
     train_tokenizer(load_config(cfg))
@@ -432,7 +432,7 @@ def test_every_case_is_documented():
 
 def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch):
     """Interrupted after the first chunk's lines went to the output: the old file stays whole."""
-    import seq2seq_cli.translate as translate_module
+    import seq2seq_cli.decode.translate as translate_module
 
     out = ws / "keep.txt"
     out.write_text("earlier results\n", encoding="utf-8")

@@ -11,8 +11,8 @@ from conftest import REPO, SHIPPED
 from helpers import sequence_log_prob
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
-from seq2seq_cli.train import train
-from seq2seq_cli.translate import Translator
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.train.loop import train
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
 
@@ -74,9 +74,9 @@ def test_ctranslate2_export_keeps_the_activation_and_the_logits_bias(activation,
     (as a Marian import does) decodes in CTranslate2 as in ours."""
     from conftest import random_sources, tiny_model
     from seq2seq_cli.config import DecodeConfig
-    from seq2seq_cli.export import convert_ctranslate2
+    from seq2seq_cli.decode.search import greedy_search
     from seq2seq_cli.ids import EOS, PAD
-    from seq2seq_cli.search import greedy_search
+    from seq2seq_cli.interop.export import convert_ctranslate2
 
     model = tiny_model(vocab=23, activation=activation, logits_bias=True)
     with torch.no_grad():  # weights large enough for the activation and the bias to decide the outputs

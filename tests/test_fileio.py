@@ -88,5 +88,5 @@ def test_config_and_checkpoint_import_without_a_cycle():
     import subprocess
     import sys
 
-    code = "import seq2seq_cli.config, sys; assert 'seq2seq_cli.checkpoint' not in sys.modules"
+    code = "import seq2seq_cli.config, sys; assert 'seq2seq_cli.run.checkpoint' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED, assert_same, make_config, train_records, weights
-from seq2seq_cli import train as train_module
-from seq2seq_cli.batching import collate
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
-from seq2seq_cli.encoding import EncodedCorpus
+from seq2seq_cli.data.batching import collate
+from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import BOS, EOS, PAD
-from seq2seq_cli.train import train
+from seq2seq_cli.train import loop as train_module
+from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 

@@ -14,14 +14,14 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, tiny_model
-from seq2seq_cli.checkpoint import load_checkpoint
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.data.tokenizer import load_tokenizers
+from seq2seq_cli.decode.search import beam_search, greedy_search
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD
 from seq2seq_cli.interop.hf import export_hf, import_marian
-from seq2seq_cli.search import beam_search, greedy_search
-from seq2seq_cli.tokenizer import load_tokenizers
+from seq2seq_cli.run.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -129,8 +129,8 @@ def test_imported_model_gives_transformers_logits_and_outputs(imported):
     {}, {"activation": "swish", "bias": False}, {"tie_embeddings": False, "activation": "gelu", "scale_embedding": False},
 ], ids=["default", "swish-no-bias", "untied-gelu"])
 def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, overrides):
-    from seq2seq_cli.checkpoint import save_checkpoint
     from seq2seq_cli.config import validate_config
+    from seq2seq_cli.run.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     model = tiny_model(vocab=120, **overrides)
@@ -156,8 +156,8 @@ def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, override
 
 
 def test_export_hf_refuses_an_architecture_marian_lacks(tmp_path):
-    from seq2seq_cli.checkpoint import save_checkpoint
     from seq2seq_cli.config import validate_config
+    from seq2seq_cli.run.checkpoint import save_checkpoint
 
     model = tiny_model(positions="learned", norm="pre")
     config = validate_config({"name": "t", "data": {"train": "x", "max_src_len": 60, "max_tgt_len": 60},
@@ -210,8 +210,8 @@ def test_bad_import_is_one_line(tmp_path, spm_model, case):
 
 
 def test_export_refusal_is_one_line(tmp_path):
-    from seq2seq_cli.checkpoint import save_checkpoint
     from seq2seq_cli.config import validate_config
+    from seq2seq_cli.run.checkpoint import save_checkpoint
 
     model = tiny_model(positions="learned")
     config = validate_config({"name": "t", "data": {"train": "x", "max_src_len": 60, "max_tgt_len": 60},
@@ -245,7 +245,7 @@ def test_imported_run_exports_to_ctranslate2_with_the_same_outputs(imported, tmp
     """An imported Marian run (its own vocabulary file, decoding started from <pad>, swish or
     ReLU, a logits bias) exports to CTranslate2 and decodes there as in ours."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from seq2seq_cli.translate import Translator
+    from seq2seq_cli.decode.translate import Translator
 
     _, run, _ = imported
     out = tmp_path / "ct2"

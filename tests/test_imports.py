@@ -1,4 +1,5 @@
-"""The package's import graph has no cycles, and no test module imports another test module."""
+"""The package's import graph has no cycles, every import between wings points down, and no
+test module imports another test module."""
 
 from __future__ import annotations
 
@@ -9,29 +10,63 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "seq2seq_cli"
 
-# config -> checkpoint (for atomic_write_text) closes config -> checkpoint -> config;
-# removed when atomic writes leave checkpoint.py.
-def _imported_modules(tree: ast.AST, package_modules: set[str]) -> set[str]:
-    """Package modules named by the imports anywhere in a module, lazy ones inside functions included."""
+# The wings (subpackages), lowest first. A module may import modules of its own wing and of
+# the wings before it in this list, never one after it. The modules at the top of the package
+# are the bottom layer, except cli (and __main__, which runs it): the top.
+BOTTOM, TOP = "bottom", "cli"
+LAYERS = [BOTTOM, "model", "data", "run", "decode", "interop", "train", TOP]
+
+
+def package_modules() -> dict[str, Path]:
+    """{dotted name inside the package: file} for every module, wings included: "config",
+    "model.transformer", "model.__init__"."""
+    root = REPO / PACKAGE
+    return {".".join(path.relative_to(root).with_suffix("").parts): path for path in sorted(root.rglob("*.py"))}
+
+
+def _module_named(parts: list[str], modules: set[str]) -> str | None:
+    """The package module a dotted name inside the package names: its longest prefix that is a
+    module, a package standing for its __init__."""
+    for end in range(len(parts), -1, -1):
+        name = ".".join(parts[:end])
+        for module in (name, f"{name}.__init__" if name else "__init__"):
+            if module in modules:
+                return module
+    return None
+
+
+def _imported_modules(tree: ast.AST, name: str, modules: set[str]) -> set[str]:
+    """Package modules named by the imports anywhere in module `name`, lazy ones inside
+    functions included, relative ones resolved against the module's package."""
+    package = name.split(".")[:-1]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            names = [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if node.level - 1 > len(package):
+                    continue
+                base = [PACKAGE, *package[: len(package) - node.level + 1], *(node.module.split(".") if node.module else [])]
+            else:
+                base = (node.module or "").split(".")
+            # `from seq2seq_cli.run import checkpoint` names run.checkpoint, a module;
+            # `from seq2seq_cli.run.checkpoint import load_checkpoint` names run.checkpoint too.
+            names = [[*base, alias.name] for alias in node.names]
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == PACKAGE and len(parts) > 1 and parts[1] in package_modules:
-                found.add(parts[1])
+        for parts in names:
+            if parts[0] == PACKAGE:
+                module = _module_named(parts[1:], modules)
+                if module is not None:
+                    found.add(module)
     return found
 
 
 def import_graph() -> dict[str, set[str]]:
     """{module: package modules it imports} for every module of the package."""
-    files = {p.stem: p for p in (REPO / PACKAGE).glob("*.py")}
-    return {name: _imported_modules(ast.parse(path.read_text(encoding="utf-8")), set(files)) - {name}
+    files = package_modules()
+    return {name: _imported_modules(ast.parse(path.read_text(encoding="utf-8")), name, set(files)) - {name}
             for name, path in files.items()}
 
 
@@ -44,20 +79,77 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def wing(module: str) -> str:
+    """The layer a module belongs to: its wing; BOTTOM for the modules at the top of the package,
+    TOP for cli (and __main__, which runs it)."""
+    if "." in module:
+        return module.split(".")[0]
+    return TOP if module in ("cli", "__main__") else BOTTOM
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[str]) -> list[str]:
+    """Every import of a module in a higher layer than the importer's, or of a wing the layer
+    list lacks, as "importer (wing) -> imported (wing)"."""
+    rank = {layer: i for i, layer in enumerate(layers)}
+    found = []
+    for importer, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            low, high = wing(importer), wing(target)
+            if low not in rank or high not in rank or rank[high] > rank[low]:
+                found.append(f"{importer} ({low}) -> {target} ({high})")
+    return found
+
+
 def test_a_cycle_is_reported_in_import_order():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) in (["a", "b", "c", "a"], ["b", "c", "a", "b"], ["c", "a", "b", "c"])
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_an_upward_import_is_reported():
+    layers = [BOTTOM, "model", "decode", TOP]
+    assert upward_imports({"config": {"ids"}, "model.transformer": {"config", "model.masks"},
+                           "decode.search": {"model.transformer"}, "cli": {"decode.search", "config"}}, layers) == []
+    assert upward_imports({"model.transformer": {"decode.search"}}, layers) == [
+        "model.transformer (model) -> decode.search (decode)"]
+    assert upward_imports({"config": {"model.transformer"}}, layers) == ["config (bottom) -> model.transformer (model)"]
+    assert upward_imports({"decode.search": {"cli"}}, layers) == ["decode.search (decode) -> cli (cli)"]
+    assert upward_imports({"cli": {"serve.app"}}, layers) == ["cli (cli) -> serve.app (serve)"]  # a wing not in the list
+
+
+def test_imports_name_modules_relative_ones_included():
+    modules = {"__init__", "config", "model.__init__", "model.transformer", "model.masks", "run.__init__", "run.checkpoint"}
+    code = ("from seq2seq_cli.run import checkpoint\nfrom seq2seq_cli.config import X\nimport seq2seq_cli.model.masks\n"
+            "def f():\n    from ..run.checkpoint import load\n    from . import masks\n    from .. import config\n")
+    assert _imported_modules(ast.parse(code), "model.transformer", modules) == {"run.checkpoint", "config", "model.masks"}
+    assert _imported_modules(ast.parse("from seq2seq_cli import model"), "config", modules) == {"model.__init__"}
+
+
 def test_the_import_graph_is_read():
     graph = import_graph()
-    assert "kv_cache" in graph["model"] and "model" in graph["search"] and "ids" in graph["model"]
+    assert {"model.kv_cache", "model.masks", "ids"} <= graph["model.transformer"]
+    assert "model.transformer" in graph["decode.search"]
+    assert "data.formats" in graph["data.tokenizer"]  # lazy, inside a function
+    assert {"run.checkpoint", "run.runlock", "train.distributed"} <= graph["train.loop"]  # from seq2seq_cli.run import ...
+    assert "run.__init__" not in graph["train.loop"]
+    assert {"decode.translate", "interop.hf", "train.loop"} <= graph["cli"]
+    assert "cli" in graph["__main__"]
+    assert {"config", "__init__", "model.__init__"} <= set(graph)  # bottom modules, and a wing's __init__
 
 
 def test_no_import_cycles_among_package_modules():
     graph = import_graph()
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_wing_is_in_the_layer_list():
+    wings = {wing(module) for module in import_graph()}
+    assert wings == set(LAYERS), f"wings missing from LAYERS: {sorted(wings - set(LAYERS))}"
+
+
+def test_imports_between_wings_point_down():
+    upward = upward_imports(import_graph(), LAYERS)
+    assert not upward, "imports of a higher wing (layers, lowest first: " + " < ".join(LAYERS) + "):\n" + "\n".join(upward)
 
 
 def test_no_test_module_imports_another_test_module():

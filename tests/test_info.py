@@ -12,11 +12,11 @@ from click.testing import Result
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from seq2seq_cli.checkpoint import save_weights
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import ModelConfig, load_config
-from seq2seq_cli.info import MemoryEstimate, flop_estimate, parameter_table
-from seq2seq_cli.model import Seq2SeqTransformer, build_model
+from seq2seq_cli.model.info import MemoryEstimate, flop_estimate, parameter_table
+from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
+from seq2seq_cli.run.checkpoint import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(d_model=16, heads=2, ffn_size=24, encoder_layers=2, decoder_layers=3, dropout=0.0, max_positions=40)

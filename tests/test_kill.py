@@ -23,11 +23,11 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import REPO, SHIPPED, make_config, quiet
-from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.config import load_config
-from seq2seq_cli.encoding import BUILDING
-from seq2seq_cli.metrics import read_metrics
-from seq2seq_cli.tokenizer import train_tokenizer
+from seq2seq_cli.data.encoding import BUILDING
+from seq2seq_cli.run import checkpoint as ckpt
+from seq2seq_cli.run.tokenizing import train_tokenizer
+from seq2seq_cli.train.metrics import read_metrics
 
 KILLS = 20
 SETTINGS = {"max_steps": 300, "valid_every": 6, "log_every": 3, "threads": 1}

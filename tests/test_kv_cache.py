@@ -1,11 +1,11 @@
-"""The decoder's key/value cache (`seq2seq_cli/kv_cache.py`): growth, deferred reordering,
+"""The decoder's key/value cache (`seq2seq_cli/model/kv_cache.py`): growth, deferred reordering,
 dropping finished rows, shared cross-attention keys, and the preallocated buffers."""
 
 import pytest
 import torch
 
 from conftest import random_sources, tiny_model
-from seq2seq_cli.kv_cache import DecoderState, LayerCache
+from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
 
 H, S, DK, DV = 2, 5, 3, 4
 

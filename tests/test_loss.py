@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.loss import label_smoothed_nll
+from seq2seq_cli.train.loss import label_smoothed_nll
 
 
 def reference(logits: torch.Tensor, target: torch.Tensor, eps: float):

@@ -1,6 +1,6 @@
 import torch
 
-from seq2seq_cli.masks import causal_mask, decoder_self_mask, padding_mask
+from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
 
 
 def test_padding_mask_literal():

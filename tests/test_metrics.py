@@ -5,7 +5,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from seq2seq_cli.metrics import plot_curves
+from seq2seq_cli.train.metrics import plot_curves
 
 
 def _titles(records: list[dict], path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -9,10 +9,10 @@ from torch import nn
 
 from conftest import random_sources as _sources
 from conftest import tiny_model
-from seq2seq_cli import onednn
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.onednn import Int8Linear, PackedLinear, available, for_decoding
-from seq2seq_cli.search import beam_search, greedy_search
+from seq2seq_cli.decode import onednn
+from seq2seq_cli.decode.onednn import Int8Linear, PackedLinear, available, for_decoding
+from seq2seq_cli.decode.search import beam_search, greedy_search
 
 pytestmark = pytest.mark.skipif(not available(tiny_model()), reason="this PyTorch has no oneDNN linear")
 
@@ -88,7 +88,7 @@ def test_search_does_not_pack_by_itself(monkeypatch):
 @pytest.fixture
 def fresh_log(caplog):
     onednn._say_unavailable.cache_clear()
-    caplog.set_level(logging.WARNING, logger="seq2seq_cli.onednn")
+    caplog.set_level(logging.WARNING, logger="seq2seq_cli.decode.onednn")
     yield caplog
     onednn._say_unavailable.cache_clear()
 

@@ -8,12 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seq2seq_cli import translate as translate_module
-from seq2seq_cli.batching import token_batches
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.masks import causal_mask, decoder_self_mask, padding_mask
-from seq2seq_cli.search import Hypothesis
-from seq2seq_cli.translate import Translator
+from seq2seq_cli.data.batching import token_batches
+from seq2seq_cli.decode import translate as translate_module
+from seq2seq_cli.decode.search import Hypothesis
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
 
 PAD = 0
 

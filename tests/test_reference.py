@@ -8,7 +8,7 @@ and encoder layer are compared with the paper's formulas written out below in fl
 
 Every parameter, LayerNorm gains and biases included, is randomised first: the model's own
 initialisation zeroes biases and sets LayerNorms to the identity, which would hide a
-mis-mapped bias or norm. Masks are built only with `seq2seq_cli.masks` (True = may attend) and
+mis-mapped bias or norm. Masks are built only with `seq2seq_cli.model.masks` (True = may attend) and
 inverted for PyTorch (True = not allowed). PyTorch runs with autograd enabled, which keeps it
 on its reference ("slow") path rather than the fused inference fast path.
 """
@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.kv_cache import LayerCache
-from seq2seq_cli.masks import causal_mask, decoder_self_mask, padding_mask
-from seq2seq_cli.model import DecoderLayer, EncoderLayer, MultiHeadAttention
+from seq2seq_cli.model.kv_cache import LayerCache
+from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
+from seq2seq_cli.model.transformer import DecoderLayer, EncoderLayer, MultiHeadAttention
 
 D, HEADS, FFN = 16, 4, 32
 B, S, T = 3, 7, 6

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from conftest import REPO
 from helpers import make_config
-from seq2seq_cli import runlock
 from seq2seq_cli.cli import app
+from seq2seq_cli.run import runlock
 
 runner = CliRunner()
 
@@ -87,7 +87,7 @@ def test_a_locked_run_names_its_holder(trained, tmp_path):
     """Another process holds the run: train and tokenize say who; when it dies, the lock goes with it."""
     cfg, run = copy_run(trained, tmp_path)
     code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); sys.argv = ['seq2seq', 'train', '-c', 'x.yaml'];"
-            f"from seq2seq_cli import runlock; runlock.acquire({str(run)!r}, runlock.command_line());"
+            f"from seq2seq_cli.run import runlock; runlock.acquire({str(run)!r}, runlock.command_line());"
             "print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -108,7 +108,7 @@ def test_the_lock_is_reentrant_and_released(tmp_path):
     assert first == second
     runlock.release(second)
     runlock.release(first)
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from seq2seq_cli import runlock;"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from seq2seq_cli.run import runlock;"
             f"runlock.release(runlock.acquire({str(tmp_path)!r}, 'c'))")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
@@ -233,7 +233,7 @@ def test_write_errors_name_the_output_not_its_temporary_file(tmp_path):
 def test_train_gives_the_lock_back_when_it_returns_or_fails(trained, tmp_path):
     from seq2seq_cli.config import load_config
     from seq2seq_cli.errors import UserError
-    from seq2seq_cli.train import train
+    from seq2seq_cli.train.loop import train
 
     cfg, run = copy_run(trained, tmp_path)
     train(load_config(cfg, ["train.max_steps=4"]), resume=True, progress=False, log=lambda _: None)
@@ -292,8 +292,8 @@ def foreign_tokenizer(run: Path) -> None:
 
 
 def test_a_foreign_tokenizer_of_the_same_size_is_refused(trained, tmp_path):
-    from seq2seq_cli.checkpoint import read_metadata
-    from seq2seq_cli.tokenizer import TOKENIZER_SHA256
+    from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256
+    from seq2seq_cli.run.checkpoint import read_metadata
 
     cfg, run = copy_run(trained, tmp_path)
     assert runner.invoke(app, ["average", "-m", str(run), "--last", "1"]).exit_code == 0
@@ -319,9 +319,9 @@ def test_a_checkpoint_without_a_tokenizer_record_loads_as_before(trained, tmp_pa
     """Checkpoints saved before they recorded their tokenizer are used unchecked."""
     from safetensors.torch import load_file, save_file
 
-    from seq2seq_cli.checkpoint import read_metadata
+    from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256
     from seq2seq_cli.fileio import sha256
-    from seq2seq_cli.tokenizer import TOKENIZER_SHA256
+    from seq2seq_cli.run.checkpoint import read_metadata
 
     _, run = copy_run(trained, tmp_path)
     best = run / "checkpoints" / "best.safetensors"

@@ -5,9 +5,9 @@ from conftest import random_sources as _sources
 from conftest import tiny_model
 from helpers import sequence_log_prob
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.search import beam_search, greedy_search, max_lengths, sample, search
 from seq2seq_cli.ids import PAD, UNK
-from seq2seq_cli.kv_cache import DecoderState, LayerCache
-from seq2seq_cli.search import beam_search, greedy_search, max_lengths, sample, search
+from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
 
 
 def opts(beam=1, alpha=1.0, a=1.5, b=4, **kw):

@@ -14,15 +14,15 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import SHIPPED, make_config, quiet, train_records
-from seq2seq_cli import checkpoint as ckpt
-from seq2seq_cli.batching import collate, epoch_batches
 from seq2seq_cli.config import load_config
-from seq2seq_cli.encoding import encode_corpus
-from seq2seq_cli.formats import read_parallel
-from seq2seq_cli.loss import label_smoothed_nll
-from seq2seq_cli.model import build_model
-from seq2seq_cli.tokenizer import load_tokenizers
-from seq2seq_cli.train import TrainState, learning_rate, make_optimizer, rng_state, set_rng_state, train
+from seq2seq_cli.data.batching import collate, epoch_batches
+from seq2seq_cli.data.encoding import encode_corpus
+from seq2seq_cli.data.formats import read_parallel
+from seq2seq_cli.data.tokenizer import load_tokenizers
+from seq2seq_cli.model.transformer import build_model
+from seq2seq_cli.run import checkpoint as ckpt
+from seq2seq_cli.train.loop import TrainState, learning_rate, make_optimizer, rng_state, set_rng_state, train
+from seq2seq_cli.train.loss import label_smoothed_nll
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
@@ -125,7 +125,7 @@ def test_resume_restores_pythons_random_state(tmp_path):
 
 
 def test_precision_auto_is_bf16_only_where_the_cpu_has_bf16(monkeypatch):
-    from seq2seq_cli import train as train_module
+    from seq2seq_cli.train import loop as train_module
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(train_module, "cpu_has_bf16", lambda: False)
@@ -160,7 +160,7 @@ def test_a_float32_run_resumes_in_fp16_with_a_fresh_loss_scaler(tmp_path):
 
 
 def test_bf16_attention_on_cpu_matches_float32():
-    from seq2seq_cli.model import scaled_dot_product_attention
+    from seq2seq_cli.model.transformer import scaled_dot_product_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 5, 8, generator=g) for _ in range(3))

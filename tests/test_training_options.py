@@ -8,10 +8,10 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from helpers import make_config, quiet
-from seq2seq_cli import checkpoint as ckpt
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import TrainConfig
-from seq2seq_cli.train import learning_rate
+from seq2seq_cli.run import checkpoint as ckpt
+from seq2seq_cli.train.loop import learning_rate
 
 runner = CliRunner()
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
-from seq2seq_cli.train import train
-from seq2seq_cli.translate import OutputOptions, Translator
+from seq2seq_cli.decode.translate import OutputOptions, Translator
+from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 
@@ -171,7 +171,7 @@ def test_progress_advances_per_decoded_batch(run_dir, sentences):
 
 @pytest.mark.parametrize("to_stdout", [True, False])
 def test_the_progress_bar_is_closed(run_dir, sentences, tmp_path, monkeypatch, to_stdout):
-    import seq2seq_cli.translate as translate_module
+    import seq2seq_cli.decode.translate as translate_module
 
     Recorder.instances.clear()
     monkeypatch.setattr(translate_module, "tqdm", Recorder)
@@ -224,7 +224,7 @@ def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path
 def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir, sentences, monkeypatch):
     import torch
 
-    import seq2seq_cli.translate as translate_module
+    import seq2seq_cli.decode.translate as translate_module
 
     tr = Translator.load(run_dir, "cpu", {"beam_size": 3, "batch_tokens": 48})
     pools = []

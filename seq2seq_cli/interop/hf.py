@@ -179,14 +179,14 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
                   force: bool = False) -> Path:
     """Convert a local Marian directory into a run directory (config.yaml, source.spm,
     target.spm, vocab.json, checkpoints/best and last); returns the run directory."""
-    from seq2seq_cli.checkpoint import (
+    from seq2seq_cli.config import save_config, validate_config
+    from seq2seq_cli.data.tokenizer import VOCAB_FILES
+    from seq2seq_cli.model.transformer import build_model
+    from seq2seq_cli.run.checkpoint import (
         CHECKPOINT_DIR,
         atomic_write_text,
         save_checkpoint,
     )
-    from seq2seq_cli.config import save_config, validate_config
-    from seq2seq_cli.model import build_model
-    from seq2seq_cli.tokenizer import VOCAB_FILES
 
     src_dir, run_dir = Path(src_dir), Path(run_dir)
     cfg = _marian_config(src_dir)
@@ -312,7 +312,7 @@ def _permute(state: dict[str, Tensor], order: list[int]) -> dict[str, Tensor]:
 
 def hf_weights(model: Any) -> dict[str, Tensor]:
     """The model's weights under MarianMTModel's names (float32; zero biases where ours has none)."""
-    from seq2seq_cli.model import halves_order
+    from seq2seq_cli.model.transformer import halves_order
 
     cfg = model.cfg
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
@@ -359,8 +359,8 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     """Write a run (or checkpoint) as a MarianMTModel + MarianTokenizer directory; returns it."""
     from safetensors.torch import save_file
 
-    from seq2seq_cli.checkpoint import atomic_write, atomic_write_text, load_checkpoint, load_run_tokenizers
-    from seq2seq_cli.tokenizer import VOCAB_FILES, model_paths
+    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
+    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text, load_checkpoint, load_run_tokenizers
 
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
     joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary

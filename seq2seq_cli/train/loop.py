@@ -38,9 +38,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from seq2seq_cli import checkpoint as ckpt
-from seq2seq_cli import distributed, runlock
-from seq2seq_cli.batching import Batch, collate, epoch_batches, token_batches
 from seq2seq_cli.config import (
     Config,
     TokenizerConfig,
@@ -49,28 +46,32 @@ from seq2seq_cli.config import (
     save_config,
     validate_config,
 )
-from seq2seq_cli.distributed import Processes
-from seq2seq_cli.encoding import (
+from seq2seq_cli.data.batching import Batch, collate, epoch_batches, token_batches
+from seq2seq_cli.data.encoding import (
     Drop,
     EncodedCorpus,
     check_no_empty_lines,
     describe_drops,
     encoded_split,
 )
-from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write
-from seq2seq_cli.formats import read_split, split_source
-from seq2seq_cli.loss import label_smoothed_nll
-from seq2seq_cli.metrics import MetricsLog, plot_curves, read_metrics
-from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import (
+from seq2seq_cli.data.formats import read_split, split_source
+from seq2seq_cli.data.tokenizer import (
     TOKENIZER_SHA256,
     check_fingerprint,
     id_files,
     load_tokenizers,
     model_paths,
-    train_tokenizer,
 )
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write
+from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
+from seq2seq_cli.run import checkpoint as ckpt
+from seq2seq_cli.run import runlock
+from seq2seq_cli.run.tokenizing import train_tokenizer
+from seq2seq_cli.train import distributed
+from seq2seq_cli.train.distributed import Processes
+from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.metrics import MetricsLog, plot_curves, read_metrics
 
 
 @functools.cache
@@ -175,9 +176,9 @@ def validation_bleu(
     model: Seq2SeqTransformer, src_sp: Any, tgt_sp: Any, valid_raw: Any, config: Config, device: torch.device
 ) -> tuple[float, str]:
     """Greedy translation of the validation sources scored with sacreBLEU -> (BLEU, signature)."""
-    from seq2seq_cli.evaluate import score
-    from seq2seq_cli.onednn import for_decoding
-    from seq2seq_cli.translate import Translator
+    from seq2seq_cli.decode.evaluate import score
+    from seq2seq_cli.decode.onednn import for_decoding
+    from seq2seq_cli.decode.translate import Translator
 
     decode = config.decode.model_copy(update={"beam_size": 1, "sampling": False})
     model.eval()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from seq2seq_cli import runlock
 from seq2seq_cli.config import Config
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps, sha256
@@ -96,29 +95,10 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
             os.replace(f"{tmp_prefix}{suffix}", f"{prefix}{suffix}")
 
 
-def train_tokenizer(config: Config) -> list[Path]:
-    """Train the SentencePiece model(s) on the training split (or copy the ones
-    tokenizer.src_model/tgt_model name) into the run directory; return the model paths.
-    The run directory is locked meanwhile; a run with checkpoints is refused (see
-    `check_tokenizer_replaceable`)."""
-
-    with runlock.hold(config.run_path, runlock.command_line()):
-        check_tokenizer_replaceable(config)
-        return _train_tokenizer(config)
-
-
-def check_tokenizer_replaceable(config: Config) -> None:
-    """A run with checkpoints keeps the tokenizer its model was trained with: a new one would
-    map the text to other ids and the model would answer gibberish."""
-    if runlock.has_checkpoints(config.run_path):
-        raise UserError(
-            f"{config.run_path}: holds checkpoints trained with its tokenizer; a new tokenizer would not "
-            "match them. Use another run_dir for a new tokenizer (or remove its checkpoints/ to start the run over)"
-        )
-
-
-def _train_tokenizer(config: Config) -> list[Path]:
-    from seq2seq_cli.formats import read_split, split_source
+def make_tokenizer(config: Config) -> list[Path]:
+    """Train the SentencePiece model(s) into the run directory, or copy the ones tokenizer.src_model/tgt_model
+    name; return the model paths. Unguarded: `seq2seq_cli.run.tokenizing.train_tokenizer` holds the lock."""
+    from seq2seq_cli.data.formats import read_split, split_source
 
     d, t = config.data, config.tokenizer
     run_dir = config.run_path

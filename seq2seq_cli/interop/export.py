@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from seq2seq_cli.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.model import MultiHeadAttention, Seq2SeqTransformer
+from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
+from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
 
 
 def _linear(spec, layer) -> None:

@@ -32,16 +32,16 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_config
-from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps, sha256
-from seq2seq_cli.model import Seq2SeqTransformer, build_model
-from seq2seq_cli.tokenizer import (
+from seq2seq_cli.data.tokenizer import (
     TOKENIZER_SHA256,
     check_fingerprint,
     check_vocab_sizes,
     load_tokenizers,
     tokenizer_fingerprint,
 )
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps, sha256
+from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
 
 FORMAT_VERSION = "1"
 CHECKPOINT_DIR = "checkpoints"

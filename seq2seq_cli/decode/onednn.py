@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seq2seq_cli.model import Seq2SeqTransformer
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 logger = logging.getLogger(__name__)
 

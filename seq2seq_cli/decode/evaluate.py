@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import read_lines, write_lines
-from seq2seq_cli.translate import Translator
 
 
 @dataclass

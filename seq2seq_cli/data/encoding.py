@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from seq2seq_cli.data.formats import Source, quiet_datasets, read_split, split_source
+from seq2seq_cli.data.pages import PageRelease, release_pages
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps
-from seq2seq_cli.formats import Source, quiet_datasets, read_split, split_source
 from seq2seq_cli.ids import BOS
-from seq2seq_cli.pages import PageRelease, release_pages
 
 CACHE_VERSION = 1
 ENCODE_BATCH = 1000

@@ -20,7 +20,7 @@ from seq2seq_cli.ids import BOS, EOS, PAD
 if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
     import pyarrow as pa
 
-    from seq2seq_cli.encoding import EncodedCorpus
+    from seq2seq_cli.data.encoding import EncodedCorpus
 
 
 def token_batches(

@@ -28,16 +28,16 @@ from pydantic import ValidationError
 from torch import Tensor
 from tqdm import tqdm
 
-from seq2seq_cli.batching import pad_batch, token_batches
-from seq2seq_cli.checkpoint import load_checkpoint, load_run_tokenizers
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.distributed import pick_device
+from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.decode.onednn import for_decoding
+from seq2seq_cli.decode.search import Hypothesis, search
+from seq2seq_cli.device import pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, UNK
-from seq2seq_cli.model import Seq2SeqTransformer
-from seq2seq_cli.onednn import for_decoding
-from seq2seq_cli.search import Hypothesis, search
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
+from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor

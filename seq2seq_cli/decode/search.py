@@ -12,7 +12,7 @@ output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted)
 which EOS is forced; with min_len, EOS is banned before that many tokens.
 
 The searches decode with the model they are given: the callers pack it for oneDNN once
-(`seq2seq_cli/onednn.py`); the decoder's self-attention cache is allocated once per search for
+(`seq2seq_cli/decode/onednn.py`); the decoder's self-attention cache is allocated once per search for
 the source length, and grows only for outputs longer than that.
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
@@ -30,8 +30,8 @@ from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.ids import EOS, PAD, UNK
-from seq2seq_cli.kv_cache import DecoderState
-from seq2seq_cli.model import Seq2SeqTransformer
+from seq2seq_cli.model.kv_cache import DecoderState
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 NEG_INF = float("-inf")
 

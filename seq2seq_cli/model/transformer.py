@@ -11,7 +11,7 @@ Attention(Q, K, V) = softmax(Q K^T / sqrt(Dk) + mask) V, computed by
 `torch.nn.functional.scaled_dot_product_attention` in the normal path, by two batched
 matmuls for a few queries per row in CPU inference (a decoding step), and by
 `attention_with_weights` when the weights are asked for. Incremental decoding keeps its
-keys/values in `seq2seq_cli/kv_cache.py` (`DecoderState`, one `LayerCache` per decoder layer).
+keys/values in `seq2seq_cli/model/kv_cache.py` (`DecoderState`, one `LayerCache` per decoder layer).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from torch import Tensor, nn
 
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.kv_cache import DecoderState, LayerCache
-from seq2seq_cli.masks import decoder_self_mask, padding_mask
+from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
+from seq2seq_cli.model.masks import decoder_self_mask, padding_mask
 
 
 def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:

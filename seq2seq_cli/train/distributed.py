@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from seq2seq_cli.device import pick_device
 from seq2seq_cli.errors import UserError
 
 
@@ -40,32 +41,6 @@ def _env_int(name: str, default: int) -> int:
         return int(value) if value else default
     except ValueError:
         raise UserError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
-
-
-def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -> torch.device:
-    """A device setting (auto, cpu, cuda, cuda:N) -> the device of this process; with CUDA, GPU
-    number `local_rank` (or N). `setting` names the option in errors: train.device, or --device."""
-    given = f"{setting} {name}" if setting.startswith("-") else f"{setting}={name}"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        use = f"{setting} auto" if setting.startswith("-") else f"{setting}=auto"
-        raise UserError(f"{given} but no CUDA device is available; use {use} or cpu")
-    if name.startswith("cuda:"):
-        index = int(name.split(":", 1)[1])
-        if index >= torch.cuda.device_count():
-            raise UserError(f"{given} but this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if local_rank >= torch.cuda.device_count():
-            raise UserError(
-                f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} CUDA device(s); "
-                "launch at most one process per GPU (torchrun --nproc_per_node)"
-            )
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
 
 
 def start(device_name: str) -> tuple[Processes, torch.device]:

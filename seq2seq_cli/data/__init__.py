@@ -1,0 +1,1 @@
+"""Data: corpus formats, tokenizers, encoding to the Arrow cache, token-budget batches."""

@@ -1,0 +1,1 @@
+"""Decoding: search, the translator, oneDNN packing for CPU, evaluation with sacreBLEU."""

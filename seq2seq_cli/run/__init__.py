@@ -1,0 +1,1 @@
+"""The run directory: its lock and guards, checkpoints (save, verify, average, load)."""
