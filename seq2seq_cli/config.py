@@ -102,6 +102,12 @@ class ModelConfig(Section):
     decoder_start_id: int = Field(
         BOS, ge=0, description="target id the decoder starts from: bos (2), or pad (0) as in Marian"
     )
+    init: Literal["normal", "xavier"] = Field(
+        "normal",
+        description="initial weights: normal = N(0, init_std) for every matrix and embedding (BERT, BART, Marian in HF); "
+        "xavier = Xavier-uniform matrices and N(0, d_model^-0.5) embeddings (fairseq)",
+    )
+    init_std: float = Field(0.02, gt=0, description="standard deviation of init: normal")
 
     @model_validator(mode="after")
     def _head_sizes(self) -> ModelConfig:
@@ -159,6 +165,11 @@ class TrainConfig(Section):
     plot: bool = Field(True, description="redraw RUN/plots/curves.png at every validation")
     log_every: int = Field(100, ge=1)
     compile: bool = Field(False, description="train through torch.compile (compiles for a while first; faster steps after)")
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1,
+        description="keep an exponential moving average of the weights (decay per update, e.g. 0.998); checkpoints hold "
+        "and validation scores the averaged weights; null = off",
+    )
 
     @model_validator(mode="after")
     def _some_stop(self) -> TrainConfig:

@@ -297,15 +297,22 @@ class Seq2SeqTransformer(nn.Module):
         return [cast(DecoderLayer, layer) for layer in self.decoder]
 
     def _init_weights(self) -> None:
+        """`init: normal`: every matrix and token embedding N(0, init_std); `init: xavier`:
+        Xavier-uniform matrices and N(0, D^-0.5) token embeddings. Biases start at 0, LayerNorms
+        at (1, 0), token-type embeddings at 0 and the padding row of each embedding at 0."""
+        normal = self.cfg.init == "normal"
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed.tokens" not in name and "positions" not in name and "embed.types" not in name:
-                nn.init.xavier_uniform_(p)
+                if normal:
+                    nn.init.normal_(p, 0.0, self.cfg.init_std)
+                else:
+                    nn.init.xavier_uniform_(p)
             elif name.endswith(".bias") and "norm" not in name:
                 nn.init.zeros_(p)
         if self.src_embed.types is not None:
             nn.init.zeros_(self.src_embed.types.weight)  # types start neutral and learn their differences
         for emb in {self.src_embed.tokens, self.tgt_embed.tokens}:
-            nn.init.normal_(emb.weight, 0.0, self.cfg.d_model**-0.5)
+            nn.init.normal_(emb.weight, 0.0, self.cfg.init_std if normal else self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()
 

@@ -62,6 +62,7 @@ from seq2seq_cli.data.tokenizer import (
     load_tokenizers,
     model_paths,
 )
+from seq2seq_cli.device import cpu_description, describe_cpu
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write
 from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
@@ -70,6 +71,7 @@ from seq2seq_cli.run import runlock
 from seq2seq_cli.run.tokenizing import train_tokenizer
 from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
+from seq2seq_cli.train.ema import averaged_copy, restore_count
 from seq2seq_cli.train.loss import label_smoothed_nll
 from seq2seq_cli.train.metrics import MetricsLog, plot_curves, read_metrics
 
@@ -343,6 +345,12 @@ class Run:
     scaler: torch.amp.GradScaler
     metrics: MetricsLog | None  # rank 0 only
     log: Callable[[str], None]
+    average: torch.optim.swa_utils.AveragedModel | None = None  # the weights' moving average (train.ema_decay)
+
+    @property
+    def scored(self) -> Seq2SeqTransformer:
+        """The model that is validated and saved: the moving average where there is one."""
+        return self.average.module if self.average is not None else self.model  # type: ignore[return-value]
 
     @property
     def ckpt_dir(self) -> Path:
@@ -400,10 +408,13 @@ def describe_skipped(valid: str, skipped: int, max_positions: int) -> str:
             "counted) are left out of the validation loss; validation BLEU translates every line, cut to fit")
 
 
-def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 data: TrainData, procs: Processes, device: torch.device, log: Callable[[str], None]) -> TrainState:
-    """Load the newest intact checkpoint into the model, optimizer and scaler, restore this
-    process's random generators -> the saved `TrainState`."""
+def resume_state(config: Config, model: Seq2SeqTransformer, average: torch.optim.swa_utils.AveragedModel | None,
+                 optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, data: TrainData, procs: Processes,
+                 device: torch.device, log: Callable[[str], None]) -> TrainState:
+    """Load the newest intact checkpoint into the model (and its moving average), optimizer
+    and scaler, restore this process's random generators -> the saved `TrainState`. A run
+    saved with a moving average keeps the trained weights in its training state and the
+    average in its weights file."""
     ckpt_dir = config.run_path / ckpt.CHECKPOINT_DIR
     name, damaged = ckpt.find_resumable(ckpt_dir)
     for problem in damaged:
@@ -412,6 +423,11 @@ def resume_state(config: Config, model: Seq2SeqTransformer, optimizer: torch.opt
     ckpt.check_compatible(weights, config, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size())
     ckpt.load_weights(model, weights, device)
     saved = ckpt.load_train_state(ckpt_dir / f"{name}.state.pt")
+    if average is not None:  # the weights file holds the average (or, saved without one, the weights)
+        average.module.load_state_dict(model.state_dict())
+        restore_count(average, saved["step"])
+    if "trained_weights" in saved:
+        model.load_state_dict(saved["trained_weights"])
     optimizer.load_state_dict(saved["optimizer"])
     if saved["scaler"]:  # empty when saved without loss scaling: an fp16 resume starts the scaler afresh
         scaler.load_state_dict(saved["scaler"])
@@ -557,14 +573,16 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     optimizer = make_optimizer(model, t, device)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")  # fp16 overflow handling
     where = f"{procs.world} processes ({device.type})" if procs.world > 1 else str(device)
-    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {where}, {resolve_precision(t.precision, device)}")
+    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters on {where}, {resolve_precision(t.precision, device)}"
+        + (f"; CPU {describe_cpu()}" if device.type == "cpu" else ""))
     if procs.world > 1:
         torch.manual_seed(t.seed + procs.rank)  # the same initial weights, but each process its own dropout
     if init is not None and not resume:
         ckpt.check_compatible(init.weights, config, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size())
         ckpt.load_weights(model, init.weights, device)
         log(f"initialised from {init.weights}; fresh optimizer and schedule from step 0")
-    state = resume_state(config, model, optimizer, scaler, data, procs, device, log) if resume else TrainState()
+    average = averaged_copy(model, t.ema_decay) if t.ema_decay else None
+    state = resume_state(config, model, average, optimizer, scaler, data, procs, device, log) if resume else TrainState()
 
     net: nn.Module = model
     if procs.world > 1:
@@ -576,8 +594,9 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         save_config(config, config.run_path / "config.yaml")
     metrics = MetricsLog(config.run_path, state.step if resume else None, t.tensorboard) if procs.main else None
     if metrics is not None and not resume:
-        metrics.write(data.record())
-    return Run(config, procs, device, data, model, net, optimizer, scaler, metrics, log), state
+        metrics.write({**data.record(), "device": str(device), "precision": resolve_precision(t.precision, device),
+                       **({"cpu": cpu_description()} if device.type == "cpu" else {})})
+    return Run(config, procs, device, data, model, net, optimizer, scaler, metrics, log, average), state
 
 
 # --------------------------------------------------------------------------- the steps of the loop
@@ -614,6 +633,8 @@ def one_update(run: Run, state: TrainState, batches: list[np.ndarray]) -> Outcom
     scaler.step(optimizer)
     scaler.update()
     state.step += 1
+    if run.average is not None:
+        run.average.update_parameters(run.model)
     for key in state.window:
         state.window[key] += sums[key]
     return Outcome.APPLIED
@@ -660,7 +681,9 @@ def save(run: Run, state: TrainState, improved: bool, together: bool = True) -> 
     if not run.procs.main:
         return
     saved = {**state.state_dict(), "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict()}
-    ckpt.save_checkpoint(run.ckpt_dir, state.step, run.model, run.config, {"step": state.step, "epoch": state.epoch},
+    if run.average is not None:  # the weights file holds the average; the trained weights resume training
+        saved["trained_weights"] = run.model.state_dict()
+    ckpt.save_checkpoint(run.ckpt_dir, state.step, run.scored, run.config, {"step": state.step, "epoch": state.epoch},
                          saved, best=improved, keep_last=run.config.train.keep_last)
 
 
@@ -671,12 +694,12 @@ def validate_and_save(run: Run, state: TrainState) -> None:
     record: dict[str, Any] = {"step": state.step, "epoch": state.epoch + 1, "elapsed_s": state.seconds()}
     improved = False
     if run.data.valid is not None:
-        record.update(validate(run.model, run.data.valid, run.config, run.device, procs))
+        record.update(validate(run.scored, run.data.valid, run.config, run.device, procs))
         text = (f"step {state.step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, "
                 f"ppl {record['valid_ppl']:.2f}")
         if t.valid_bleu:
             d = run.data
-            bleu = validation_bleu(run.model, d.src_sp, d.tgt_sp, d.valid_raw, run.config, run.device) if procs.main else None
+            bleu = validation_bleu(run.scored, d.src_sp, d.tgt_sp, d.valid_raw, run.config, run.device) if procs.main else None
             record["valid_bleu"], record["valid_bleu_signature"] = distributed.from_main(procs, bleu)
             text += f", BLEU {record['valid_bleu']:.2f} ({record['valid_bleu_signature']})"
         score = record["valid_bleu"] if t.best_metric == "bleu" else -record["valid_nll"]
