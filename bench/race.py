@@ -1,38 +1,60 @@
-"""The 10-minute race on the main job: our trainer against HF `MarianMTModel`, same CPU, same run.
+"""The race on the main job: our trainer against HF `MarianMTModel` at its best, same CPU, same run.
 
-Both systems train for the same wall-clock budget on the shipped corpus with the same recipe:
-the run's own SentencePiece model, the same model shape, the very same batches in the same
-order (our token-budget, length-bucketed epochs), the same label-smoothed loss, fused AdamW,
-learning-rate schedule and clipping. Ours is the real trainer (`seq2seq_cli.train.loop.train` on the
-config, validation and checkpoints included in its budget, as the quick start runs it); HF's
-is a plain PyTorch loop around `MarianMTModel` (random init, transformers' own initialisation)
-that validates nothing while it trains. Afterwards both are scored on the same split:
-validation nll (our loss code on both), and BLEU/chrF (sacreBLEU, with signatures) of beam
-search (ours: the `translate` code path; HF: `generate`).
+Both systems train on the shipped corpus with the same recipe: the run's own SentencePiece
+model, the same model shape, the very same batches in the same order (our token-budget,
+length-bucketed epochs), the same label-smoothed loss, fused AdamW, learning-rate schedule and
+clipping, and the same precision: HF trains under bf16 autocast wherever ours resolves
+`precision: auto` to bf16 (what `TrainingArguments(bf16=True, use_cpu=True)` does), fp32
+elsewhere (`--hf-precision` overrides). Ours is the real trainer (`train()` on the config,
+validation and checkpoints inside its budget, as the quick start runs it); HF's is a plain
+PyTorch loop around `MarianMTModel` (random init, transformers' own initialisation) that
+validates nothing while it trains. Each system trains in a process of its own, so that each
+has its own peak resident memory (ru_maxrss).
 
-    python bench/race.py --minutes 10                    # the race as the quick start runs
-    python bench/race.py --minutes 3 --split valid       # iterate (tune on valid only)
-    python bench/race.py --systems ours --set train.lr=0.002
+Two modes:
 
-Tokens/s counts non-pad source + target tokens of the updates made, over the training wall
-time (validation and checkpoints included for ours, as they are part of its budget).
+    python bench/race.py --minutes 10 --repeat 2          # timed: ours, hf, ours, hf; medians
+    python bench/race.py --steps 300,1000,1500            # equal updates: valid nll at each
+
+The timed mode scores BLEU/chrF (sacreBLEU, with signatures) of beam search on `--split`
+(ours: the `translate` code path on the run; HF: `generate`) and valid nll (our loss code on
+both). Tune on `--split valid`; the test split is for the final figure. Tokens/s counts
+non-pad source + target tokens of the updates made over the training wall time (validation
+and checkpoints included for ours, as they are part of its budget). The CPU (model, family,
+the instruction sets that matter) is printed with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from seq2seq_cli.config import Config, load_config
-from seq2seq_cli.data.formats import read_split
-from seq2seq_cli.decode.evaluate import score
 from seq2seq_cli.ids import BOS, EOS, PAD
+
+SCRIPT = Path(__file__).resolve()
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU the figures come from (as the trainer logs it), with torch's view of its vector units."""
+    from seq2seq_cli.device import cpu_description
+
+    try:
+        capability = sorted(k for k, v in torch._C._cpu._get_cpu_capability().items() if v is True)
+    except (AttributeError, RuntimeError):
+        capability = []
+    return {**cpu_description(), "torch": torch.__version__, "torch_cpu_capability": capability}
 
 
 def corpora(config: Config):
@@ -58,7 +80,13 @@ def update_tokens(config: Config, train, updates: int) -> int:
     return total
 
 
-def run_ours(config: Config) -> dict:
+def valid_nll(config: Config, forward: torch.nn.Module, valid) -> float:
+    from seq2seq_cli.train.loop import validate
+
+    return validate(forward, valid, config, torch.device("cpu"))["valid_nll"]
+
+
+def run_ours(config: Config, steps: list[int]) -> dict:
     from seq2seq_cli.decode.translate import Translator
     from seq2seq_cli.run.checkpoint import load_checkpoint
     from seq2seq_cli.train.loop import train
@@ -67,9 +95,10 @@ def run_ours(config: Config) -> dict:
     run_dir = train(config, progress=False)
     records = read_metrics(run_dir / "metrics.jsonl")
     last = [r for r in records if "elapsed_s" in r][-1]
+    at = {r["step"]: r["valid_nll"] for r in records if "valid_nll" in r and r["step"] in steps}
     translator = Translator.load(run_dir, "cpu", {"beam_size": ARGS.beam})
-    return {"run_dir": run_dir, "updates": last["step"], "train_s": last["elapsed_s"],
-            "translate": translator.translate, "forward": load_checkpoint(run_dir)[0]}
+    return {"updates": last["step"], "train_s": last["elapsed_s"], "translate": translator.translate,
+            "forward": load_checkpoint(run_dir)[0], "valid_nll_at": at}
 
 
 class MarianAdapter(torch.nn.Module):
@@ -98,36 +127,57 @@ def hf_model(config: Config, vocab: int):
     ))
 
 
-def run_hf(config: Config) -> dict:
+def hf_precision(config: Config) -> str:
+    """HF's training precision: what ours resolves `train.precision` to, unless --hf-precision says."""
+    from seq2seq_cli.train.loop import resolve_precision
+
+    if ARGS.hf_precision != "auto":
+        return ARGS.hf_precision
+    return resolve_precision(config.train.precision, torch.device("cpu"))
+
+
+def run_hf(config: Config, steps: list[int]) -> dict:
+    import contextlib
+    import math
+
     from seq2seq_cli.data.batching import collate, epoch_batches
     from seq2seq_cli.train.loop import learning_rate, make_optimizer
     from seq2seq_cli.train.loss import label_smoothed_nll
 
     t = config.train
-    src_sp, tgt_sp, train, _ = corpora(config)
+    src_sp, tgt_sp, train, valid = corpora(config)
     model = hf_model(config, tgt_sp.get_piece_size())
     net = MarianAdapter(model)
     optimizer = make_optimizer(model, t, torch.device("cpu"))
     params = list(model.parameters())
+    precision = hf_precision(config)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     model.train()
-    step, epoch, start = 0, 0, time.time()
+    step, epoch, start, at, paused = 0, 0, time.time(), {}, 0.0
     budget = t.max_minutes * 60 if t.max_minutes else math.inf
-    while step < (t.max_steps or math.inf) and time.time() - start < budget:
+    limit = t.max_steps or math.inf
+    while step < limit and time.time() - start - paused < budget:
         for b in epoch_batches(train, t.max_tokens, t.seed, epoch):
-            if step >= (t.max_steps or math.inf) or time.time() - start >= budget:
+            if step >= limit or time.time() - start - paused >= budget:
                 break
             batch = collate(train, b)
-            src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step + 1, t)
             optimizer.zero_grad(set_to_none=True)
-            loss, _, tokens = label_smoothed_nll(net(src, tgt_in), tgt_out, t.label_smoothing)
+            with amp:
+                logits = net(batch.src, batch.tgt_in)
+            loss, _, tokens = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing)
             (loss / tokens).backward()
             torch.nn.utils.clip_grad_norm_(params, t.clip_norm or float("inf"))
             optimizer.step()
             step += 1
+            if step in steps:  # equal-updates mode: not part of the training time
+                t0 = time.time()
+                at[step] = valid_nll(config, net, valid)
+                model.train()
+                paused += time.time() - t0
         epoch += 1
-    train_s = time.time() - start
+    train_s = time.time() - start - paused
     model.eval()
 
     @torch.no_grad()
@@ -149,61 +199,122 @@ def run_hf(config: Config) -> dict:
                 out[r] = tgt_sp.decode(toks)
         return out
 
-    return {"updates": step, "train_s": train_s, "translate": translate, "forward": net}
+    return {"updates": step, "train_s": train_s, "translate": translate, "forward": net, "valid_nll_at": at,
+            "precision": precision}
 
 
-def valid_nll(config: Config, forward: torch.nn.Module, valid) -> float:
-    from seq2seq_cli.train.loop import validate
+def child(system: str, out: Path) -> None:
+    """Train and score one system in this process; write its figures as JSON to `out`."""
+    from seq2seq_cli.data.formats import read_split
+    from seq2seq_cli.decode.evaluate import score
 
-    return validate(forward, valid, config, torch.device("cpu"))["valid_nll"]
+    torch.set_num_threads(ARGS.threads)
+    steps = parse_steps(ARGS.steps)
+    base = ["train.device=cpu", f"train.threads={ARGS.threads}", f"run_dir={ARGS.run_dir}/{system}"]
+    base += [f"train.max_minutes={ARGS.minutes}"] if not steps else ["train.max_minutes=null", f"train.max_steps={max(steps)}"]
+    if steps and system == "ours":  # a validation record at every step asked for
+        base += [f"train.valid_every={np.gcd.reduce(steps)}", "train.valid_bleu=false"]
+    config = load_config(ARGS.config, base + (ARGS.overrides if system == "ours" else []))
+    if system == "hf" and not (config.run_path / "spm.model").is_file():
+        ours_spm = Path(ARGS.run_dir) / "ours" / "spm.model"
+        config.run_path.mkdir(parents=True, exist_ok=True)
+        (config.run_path / "spm.model").write_bytes(ours_spm.read_bytes())  # the very same tokenizer
+    r = run_ours(config, steps) if system == "ours" else run_hf(config, steps)
+    result: dict[str, Any] = {"updates": r["updates"], "train_s": round(r["train_s"], 1),
+                              "valid_nll_at": {str(k): round(v, 4) for k, v in sorted(r["valid_nll_at"].items())}}
+    if system == "hf":
+        result["precision"] = r["precision"]
+    if not steps:
+        _, _, train, valid = corpora(config)
+        split = read_split(config, getattr(config.data, ARGS.split))
+        t0 = time.time()
+        hyps = r["translate"](list(split["src"]))
+        s = score(hyps, list(split["tgt"]))
+        result.update({
+            "tokens_per_s": round(update_tokens(config, train, r["updates"]) / r["train_s"], 1),
+            "valid_nll": round(valid_nll(config, r["forward"], valid), 4),
+            f"{ARGS.split}_bleu": round(s.bleu, 2), f"{ARGS.split}_chrf": round(s.chrf, 2),
+            "bleu_line": s.bleu_line, "chrf_line": s.chrf_line, "decode_s": round(time.time() - t0, 1),
+        })
+    out.write_text(json.dumps(result))
+
+
+def run_child(system: str, argv: list[str]) -> dict:
+    """One system in a process of its own -> its figures, with its peak resident memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), *argv, "--child", system, "--out", str(out)])
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"race: {system} failed (exit {proc.returncode})")
+        result = json.loads(out.read_text())
+    result["peak_rss_mb"] = round(usage.ru_maxrss / 1024)  # KiB on Linux
+    return result
+
+
+def parse_steps(text: str | None) -> list[int]:
+    return sorted({int(x) for x in text.split(",")}) if text else []
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Medians of the numeric figures of repeated runs of one system."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = round(statistics.median(r[key] for r in runs), 4)
+        elif key == "valid_nll_at":
+            out[key] = {s: round(statistics.median(r[key][s] for r in runs if s in r[key]), 4) for s in value}
+        else:
+            out[key] = value
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/quickstart.yaml")
-    ap.add_argument("--minutes", type=float, default=10.0, help="training budget of each system")
-    ap.add_argument("--steps", type=int, help="also stop both systems after this many updates (compare learning per update)")
+    ap.add_argument("--minutes", type=float, default=10.0, help="training budget of each system (timed mode)")
+    ap.add_argument("--steps", help="equal-updates mode: valid nll of both after these updates, e.g. 300,1000,1500")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each system, alternating; medians are reported")
     ap.add_argument("--systems", nargs="+", default=["ours", "hf"], choices=["ours", "hf"])
+    ap.add_argument("--hf-precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="auto: bf16 autocast where ours trains in bf16, fp32 elsewhere")
     ap.add_argument("--split", default="test", choices=["test", "valid"], help="what BLEU is measured on")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--run-dir", default="runs/race")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="config override for ours")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--child", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     global ARGS
     ARGS = ap.parse_args()
-    torch.set_num_threads(ARGS.threads)
-    base = [f"train.max_minutes={ARGS.minutes}", "train.device=cpu", f"train.threads={ARGS.threads}"]
-    base += [f"train.max_steps={ARGS.steps}"] if ARGS.steps else []
-    results = {}
-    for system in ARGS.systems:
-        overrides = base + [f"run_dir={ARGS.run_dir}/{system}"] + (ARGS.overrides if system == "ours" else [])
-        config = load_config(ARGS.config, overrides)
-        if system == "hf" and not (config.run_path / "spm.model").is_file():
-            ours_spm = Path(ARGS.run_dir) / "ours" / "spm.model"
-            config.run_path.mkdir(parents=True, exist_ok=True)
-            (config.run_path / "spm.model").write_bytes(ours_spm.read_bytes())  # the very same tokenizer
-        print(f"== {system}: training for {ARGS.minutes:g} min", flush=True)
-        r = run_ours(config) if system == "ours" else run_hf(config)
-        _, _, train, valid = corpora(config)
-        split = read_split(config, getattr(config.data, ARGS.split))
-        t0 = time.time()
-        hyps = r["translate"](list(split["src"]))
-        decode_s = time.time() - t0
-        s = score(hyps, list(split["tgt"]))
-        results[system] = {
-            "updates": r["updates"], "train_s": round(r["train_s"], 1),
-            "tokens_per_s": round(update_tokens(config, train, r["updates"]) / r["train_s"], 1),
-            "valid_nll": round(valid_nll(config, r["forward"], valid), 4),
-            f"{ARGS.split}_bleu": round(s.bleu, 2), f"{ARGS.split}_chrf": round(s.chrf, 2),
-            "bleu_line": s.bleu_line, "chrf_line": s.chrf_line, "decode_s": round(decode_s, 1),
-        }
-        print(json.dumps({system: results[system]}, indent=1), flush=True)
-    if {"ours", "hf"} <= results.keys():
-        o, h = results["ours"], results["hf"]
-        ratios = {k: round(o[k] / h[k], 3) for k in ("updates", "tokens_per_s", f"{ARGS.split}_bleu", f"{ARGS.split}_chrf")}
-        results["ours/hf"] = ratios
-        print("ours / hf:", json.dumps(ratios))
+    if ARGS.child:
+        child(ARGS.child, ARGS.out)
+        return
+    argv = [a for a in sys.argv[1:]]
+    cpu = cpu_info()
+    print("cpu:", json.dumps(cpu), flush=True)
+    runs: dict[str, list[dict]] = {s: [] for s in ARGS.systems}
+    if "hf" in ARGS.systems and "ours" not in ARGS.systems and not (Path(ARGS.run_dir) / "ours" / "spm.model").is_file():
+        raise SystemExit(f"race: hf alone needs {ARGS.run_dir}/ours/spm.model (run ours once first)")
+    for i in range(ARGS.repeat):
+        for system in ARGS.systems:  # alternating: ours, hf, ours, hf, ...
+            print(f"== {system} (run {i + 1}/{ARGS.repeat})", flush=True)
+            r = run_child(system, argv)
+            runs[system].append(r)
+            print(json.dumps({system: r}), flush=True)
+    results: dict[str, Any] = {"cpu": cpu, "runs": runs, "median": {s: median_of(rs) for s, rs in runs.items()}}
+    if {"ours", "hf"} <= runs.keys():
+        o, h = results["median"]["ours"], results["median"]["hf"]
+        keys = ["updates", "peak_rss_mb"] + ([] if ARGS.steps else ["tokens_per_s", f"{ARGS.split}_bleu", f"{ARGS.split}_chrf"])
+        results["ours/hf"] = {k: round(o[k] / h[k], 3) for k in keys}
+        results["valid_nll_at"] = {s: {"ours": o["valid_nll_at"].get(s), "hf": h["valid_nll_at"].get(s)}
+                                   for s in h["valid_nll_at"]}
+    print("median:", json.dumps(results["median"], indent=1))
+    for key in ("ours/hf", "valid_nll_at"):
+        if key in results:
+            print(f"{key}:", json.dumps(results[key]))
     if ARGS.json:
         ARGS.json.write_text(json.dumps(results, indent=1))
 
