@@ -195,8 +195,10 @@ def test_filters_count_what_they_drop_in_log_and_metrics(tmp_path, models):
     assert "train: 20 pairs" in result.stderr
     assert "dropped 2 empty, 1 over 60/64 subwords, 1 over length ratio 6, 3 duplicates" in result.stderr
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    machine = {key: record.pop(key) for key in ("device", "precision", "cpu")}
     assert record == {"step": 0, "train_pairs": 20, "train_dropped_empty": 2, "train_dropped_too_long": 1,
                       "train_dropped_ratio": 1, "train_dropped_duplicate": 3}
+    assert machine["device"] == "cpu" and machine["precision"] in ("fp32", "bf16") and machine["cpu"]["cores"] >= 1
 
 
 @pytest.mark.parametrize("kind", ["unigram", "bpe"])
