@@ -92,7 +92,7 @@ def run_ours(config: Config, steps: list[int]) -> dict:
     from seq2seq_cli.train.loop import train
     from seq2seq_cli.train.metrics import read_metrics
 
-    run_dir = train(config, progress=False)
+    run_dir = train(config, progress=False, overwrite=True)  # each race run starts over
     records = read_metrics(run_dir / "metrics.jsonl")
     last = [r for r in records if "elapsed_s" in r][-1]
     at = {r["step"]: r["valid_nll"] for r in records if "valid_nll" in r and r["step"] in steps}
