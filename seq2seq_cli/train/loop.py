@@ -212,22 +212,40 @@ def validate(
     return {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll_tok, "valid_ppl": math.exp(min(nll_tok, 50))}
 
 
+class StopRequest:
+    """Set by SIGINT (Ctrl-C) or SIGTERM while the loop runs; the loop looks at it between
+    updates, once an update, its validation and its saves are complete, so the `last` it then
+    saves resumes exactly. A second signal interrupts at once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C so both save `last` before exiting."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
+def stop_on_signals() -> Iterator[StopRequest]:
+    """SIGINT and SIGTERM set the yielded `StopRequest` instead of interrupting (in the main
+    thread; elsewhere signals keep their handlers and the request is never set)."""
+    stop = StopRequest()
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, stop)
     except ValueError:  # not the main thread
-        yield
-        return
+        pass
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def rng_state() -> dict[str, Any]:
@@ -510,6 +528,7 @@ def init_from_run(config: Config, init_from: str | Path) -> tuple[Config, Init]:
     if run_dir.resolve() == config.run_path.resolve():
         raise UserError(f"--init-from {init_from}: that is this run's own directory; continue it with --resume, "
                         "or give the fine-tuning run another name or run_dir")
+    ckpt.verify_weights(weights)  # as translate would: sha256 against its manifest, finite values
     meta = ckpt.read_metadata(weights)
     saved = validate_config(json.loads(meta["config"]), f"{weights} (embedded config)")
     return inherit_architecture(config, saved, str(init_from)), Init(run_dir, weights)
@@ -673,11 +692,10 @@ def log_progress(run: Run, state: TrainState, bar: tqdm) -> None:
     state.window, state.window_start = new_window(), now
 
 
-def save(run: Run, state: TrainState, improved: bool, together: bool = True) -> None:
+def save(run: Run, state: TrainState, improved: bool) -> None:
     """Write a checkpoint (rank 0). Each process's RNG state is gathered, so that a resume with
-    as many processes is exact; when interrupted the processes may be anywhere, so rank 0
-    saves its own state alone (`together` False)."""
-    state.rngs = distributed.gather_to_all(run.procs, rng_state()) if together else [rng_state()]
+    as many processes is exact."""
+    state.rngs = distributed.gather_to_all(run.procs, rng_state())
     if not run.procs.main:
         return
     saved = {**state.state_dict(), "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict()}
@@ -756,7 +774,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                    dynamic_ncols=True, file=sys.stderr)
         batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
         try:
-            with sigterm_as_interrupt():
+            with stop_on_signals() as stop:
                 while not should_stop(run, state):
                     if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
                         outcome = one_update(run, state, batches)
@@ -770,15 +788,15 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                                 validate_and_save(run, state)
                     if state.batch_in_epoch >= len(batches):
                         batches = next_epoch(run, state)
+                    if distributed.from_main(procs, stop.requested):  # rank 0's signal stops every process
+                        bar.close()
+                        save(run, state, improved=False)
+                        run.log(f"interrupted at step {state.step}; saved {ckpt_dir / 'last.safetensors'}. "
+                                f"Resume with: seq2seq train --config {config.run_path / 'config.yaml'} --resume")
+                        raise KeyboardInterrupt
                 if (state.validated_at != state.step
                         or not distributed.from_main(procs, (ckpt_dir / "last.safetensors").is_file())):
                     validate_and_save(run, state)
-        except KeyboardInterrupt:
-            bar.close()
-            save(run, state, improved=False, together=False)
-            run.log(f"interrupted at step {state.step}; saved {ckpt_dir / 'last.safetensors'}. "
-                    f"Resume with: seq2seq train --config {config.run_path / 'config.yaml'} --resume")
-            raise
         finally:
             bar.close()
             if run.metrics is not None:
