@@ -228,6 +228,29 @@ def load_checkpoint(
     return model, config, run_dir, meta
 
 
+def verify_weights(ckpt: Path) -> None:
+    """Refuse a weights file that cannot be trusted, as `load_checkpoint` does: with a manifest
+    beside it, a sha256 that does not match; without one, a header or sizes that do not add up.
+    Then refuse weights that hold NaN or infinite values (read one tensor at a time)."""
+    if ckpt.with_suffix(".json").is_file():
+        problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
+        if problem is not None:
+            raise UserError(f"{ckpt}: {problem}")
+    else:
+        check_safetensors_layout(ckpt)
+    bad = []
+    try:
+        with safe_open(str(ckpt), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    bad.append(name)
+    except (SafetensorError, OSError) as exc:
+        raise UserError(f"{ckpt}: not a readable checkpoint ({exc})") from None
+    if bad:
+        raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
+
+
 SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
                            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
