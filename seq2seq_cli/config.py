@@ -157,7 +157,7 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    seed: int = 1
+    seed: int = Field(1, ge=0, le=2**32 - 1, description="seeds initialisation, dropout and batch order")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
@@ -197,6 +197,13 @@ class TrainConfig(Section):
         description="keep an exponential moving average of the weights (decay per update, e.g. 0.998); checkpoints hold "
         "and validation scores the averaged weights; null = off",
     )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError("each Adam beta must be at least 0 and below 1")
+        return betas
 
     @model_validator(mode="after")
     def _some_stop(self) -> TrainConfig:

@@ -73,6 +73,7 @@ from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import averaged_copy, restore_count
 from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.memory import check_fits
 from seq2seq_cli.train.metrics import MetricsLog, plot_curves, read_metrics
 
 
@@ -588,6 +589,7 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     data = prepare_data(config, procs, log)
 
     vocab_sizes = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
+    check_fits(config.model, *vocab_sizes, config.tokenizer.joint, device)
     model = build_model(config.model, *vocab_sizes, config.tokenizer.joint).to(device)
     optimizer = make_optimizer(model, t, device)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")  # fp16 overflow handling
