@@ -57,3 +57,54 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_file(tmp_pa
 def test_other_write_errors_keep_their_text(tmp_path):
     err = ckpt.write_error(RuntimeError("unexpected pos 64 vs 0"), str(tmp_path / "x"))
     assert (err.errno, err.strerror, err.filename) == (errno.EIO, "could not be written (unexpected pos 64 vs 0)", str(tmp_path / "x"))
+
+
+def test_a_full_disk_while_metrics_are_written_names_the_file(tmp_path):
+    from seq2seq_cli.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, None, tensorboard=False)
+
+    class FullDisk:
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            pass
+
+    log.file.close()
+    log.file = FullDisk()  # type: ignore[assignment]
+    with pytest.raises(OSError) as err:
+        log.write({"step": 1, "train_loss": 1.0})
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(tmp_path / "metrics.jsonl"))
+
+
+def test_checkpoints_and_other_run_files_take_the_umask(tmp_path):
+    import os
+    import stat
+
+    saved = os.umask(0o022)
+    try:
+        runner.invoke(app, ["train", "-c", str(make_config(tmp_path, "run", max_steps=2)), "--no-progress"])
+    finally:
+        os.umask(saved)
+    run = tmp_path / "run"
+    files = [*(run / "checkpoints").iterdir(), run / "config.yaml", run / "metrics.jsonl", run / "spm.model"]
+    assert any(f.suffix == ".safetensors" for f in files)
+    assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}
+
+
+def test_nonfinite_stop_before_any_checkpoint_does_not_name_one(tmp_path, monkeypatch):
+    from seq2seq_cli.train import loop as train_module
+
+    real = train_module.label_smoothed_nll
+
+    def nan_loss(logits, target, eps):
+        loss, nll, n = real(logits, target, eps)
+        return loss * float("nan"), nll, n
+
+    monkeypatch.setattr(train_module, "label_smoothed_nll", nan_loss)
+    r = runner.invoke(app, ["train", "-c", str(make_config(tmp_path, "run", max_nonfinite=2)), "--no-progress"])
+    assert r.exit_code == 1
+    assert error_lines(r.stderr) == ["error: non-finite loss or gradients in 2 consecutive batches at step 1; stopped before "
+                                     "any checkpoint was saved; lower train.lr, raise train.warmup_steps or set train.clip_norm"]
+    assert not (tmp_path / "run" / "checkpoints" / "last.safetensors").exists()

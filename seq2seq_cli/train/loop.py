@@ -666,10 +666,12 @@ def report_nonfinite(run: Run, state: TrainState) -> None:
     run.log(f"warning: non-finite loss or gradients at step {state.step + 1}; batch skipped "
             f"({state.counters['skipped_nonfinite']} so far)")
     if state.consecutive_bad >= run.config.train.max_nonfinite:
+        last = run.ckpt_dir / "last.safetensors"
+        saved = (f"stopped without saving, so {last} is the last good state" if last.is_file()
+                 else "stopped before any checkpoint was saved")
         raise UserError(
             f"non-finite loss or gradients in {state.consecutive_bad} consecutive batches at step {state.step + 1}; "
-            f"stopped without saving, so {run.ckpt_dir / 'last.safetensors'} is the last good state; "
-            "lower train.lr, raise train.warmup_steps or set train.clip_norm"
+            f"{saved}; lower train.lr, raise train.warmup_steps or set train.clip_norm"
         )
 
 
