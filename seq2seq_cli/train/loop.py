@@ -138,6 +138,13 @@ def my_batches(update: list[np.ndarray], procs: Processes) -> tuple[list[np.ndar
     return (mine, True) if mine else (update[:1], False)
 
 
+def wrapped_ddp(model: nn.Module) -> DDP | None:
+    """The DDP wrapper of the module that trains, under torch.compile's wrapper (which keeps
+    it as `_orig_mod`) or not; None without DDP."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner if isinstance(inner, DDP) else None
+
+
 def accumulate_gradients(
     model: nn.Module, micro: list[Batch], weight: float, config: Config,
     device: torch.device, scaler: torch.amp.GradScaler, procs: Processes,
@@ -158,11 +165,12 @@ def accumulate_gradients(
     loss_sum = torch.zeros((), device=device)
     nll_sum = torch.zeros((), device=device)
     divisor = max(total, 1.0) / procs.world
+    ddp = wrapped_ddp(model)
     for i, batch in enumerate(micro):
         b = batch.to(device, non_blocking=True)
         # DDP sums gradients across processes in the last backward only
         last = i == len(micro) - 1
-        with contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
+        with contextlib.nullcontext() if last or ddp is None else ddp.no_sync():
             with autocast(device, config.train.precision):
                 logits = model(b.src, b.tgt_in)
             loss, nll, _ = label_smoothed_nll(logits, b.tgt_out, config.train.label_smoothing)
