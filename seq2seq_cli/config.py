@@ -6,11 +6,13 @@ package validates configuration: functions receive a `Config` that is already va
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from seq2seq_cli.errors import UserError
@@ -18,10 +20,35 @@ from seq2seq_cli.fileio import atomic_write_text
 from seq2seq_cli.ids import BOS
 
 
+def _number_kind(annotation: Any) -> str | None:
+    """'an integer' or 'a number' when a field of this type holds numbers (optionally None, or
+    a tuple of them), None otherwise (a bool, a string, a section ...)."""
+    if annotation is int:
+        return "an integer"
+    if annotation is float:
+        return "a number"
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple):
+        kinds = {_number_kind(arg) for arg in typing.get_args(annotation) if arg is not type(None) and arg is not ...}
+        if len(kinds) == 1:
+            return kinds.pop()
+    return None
+
+
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, values are checked on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number is never read from true/false (YAML's `yes`, `on` ...), which pydantic
+        would take as 1 or 0."""
+        kind = _number_kind(cls.model_fields[info.field_name].annotation) if info.field_name else None
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if kind is not None and any(isinstance(v, bool) for v in items):
+            raise ValueError(f"expected {kind}, not true or false")
+        return value
 
 
 class DataConfig(Section):
@@ -130,7 +157,7 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    seed: int = 1
+    seed: int = Field(1, ge=0, le=2**32 - 1, description="seeds initialisation, dropout and batch order")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
@@ -170,6 +197,13 @@ class TrainConfig(Section):
         description="keep an exponential moving average of the weights (decay per update, e.g. 0.998); checkpoints hold "
         "and validation scores the averaged weights; null = off",
     )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError("each Adam beta must be at least 0 and below 1")
+        return betas
 
     @model_validator(mode="after")
     def _some_stop(self) -> TrainConfig:
@@ -313,10 +347,11 @@ def _describe(
     if err["type"] == "missing":
         return f"{where}: missing required key '{key}'"
     msg = err["msg"].removeprefix("Value error, ")
+    named = where if loc in overridden else f"{where}: {key}"  # `--set KEY` names the key already
     if key and isinstance(err.get("input"), dict):  # a check across the keys of a section
-        return f"{where}: {key}: {msg}"
+        return f"{named}: {msg}"
     if key:
-        return f"{where}: {key}: {msg} (got {err.get('input')!r})"
+        return f"{named}: {msg} (got {err.get('input')!r})"
     return f"{where}: {msg}"
 
 

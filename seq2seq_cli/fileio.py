@@ -24,7 +24,8 @@ from seq2seq_cli.errors import UserError
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file.
 
-    A file that exists keeps its permissions. Errors name `path`, never the temporary file."""
+    A file that exists keeps its permissions; a new one gets those of any file created under
+    the umask (0644 under umask 022). Errors name `path`, never the temporary file."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a file name to write")
@@ -35,8 +36,9 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        if path.is_file():
-            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+        # the file keeps its permissions, or a new one gets those of any new file (0666 less
+        # the umask), whatever mode the writer created the temporary file with
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.is_file() else 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -49,6 +51,13 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def current_umask() -> int:
+    """The process's umask (set and restored at once: the only way to read it portably)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def pid_alive(pid: int) -> bool:

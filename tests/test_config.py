@@ -101,3 +101,37 @@ def test_resolved_config_round_trips(tmp_path):
     again = load_config(_write(tmp_path, dump_config(cfg)))
     assert again == cfg
     assert yaml.safe_load(dump_config(cfg))["model"]["norm"] == "pre"
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("train.max_steps=yes", "--set train.max_steps: expected an integer, not true or false (got True)"),
+    ("train.lr=true", "--set train.lr: expected a number, not true or false (got True)"),
+    ("model.d_model=no", "--set model.d_model: expected an integer, not true or false (got False)"),
+    ("train.betas=[true,0.98]", "--set train.betas: expected a number, not true or false (got [True, 0.98])"),
+    ("train.max_minutes=on", "--set train.max_minutes: expected a number, not true or false (got True)"),
+])
+def test_a_boolean_is_refused_where_a_number_is_expected(tmp_path, override, expected):
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path, BASE), [override])
+    assert str(err.value) == expected
+
+
+def test_a_boolean_in_the_file_is_refused_with_its_line(tmp_path):
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path, BASE.replace("max_steps: 10", "max_steps: yes")))
+    assert str(err.value) == f"{tmp_path / 'c.yaml'}:8: train.max_steps: expected an integer, not true or false (got True)"
+    assert load_config(_write(tmp_path, BASE + "  tensorboard: no\n")).train.tensorboard is False  # booleans stay booleans
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("train.betas=[1.5,0.98]", "--set train.betas: each Adam beta must be at least 0 and below 1 (got [1.5, 0.98])"),
+    ("train.betas=[0.9,-0.1]", "--set train.betas: each Adam beta must be at least 0 and below 1 (got [0.9, -0.1])"),
+    ("train.seed=-1", "--set train.seed: Input should be greater than or equal to 0 (got -1)"),
+    ("train.seed=12345678901234567890123",
+     "--set train.seed: Input should be less than or equal to 4294967295 (got 12345678901234567890123)"),
+])
+def test_adam_betas_and_seed_out_of_range_are_one_line(tmp_path, override, expected):
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path, BASE), [override])
+    assert str(err.value) == expected
+    assert load_config(_write(tmp_path, BASE), ["train.seed=4294967295", "train.betas=[0.0,0.999]"]).train.seed == 2**32 - 1

@@ -60,3 +60,46 @@ def test_batches_are_dealt_round_robin_and_an_idle_process_gets_a_weightless_sta
     assert [int(b[0]) for b in my_batches(update, one)[0]] == [1]
     assert my_batches(update[:1], zero) == (update[:1], True)
     assert my_batches(update[:1], one) == (update[:1], False)  # runs batch 0 with weight 0
+
+
+def test_accumulation_under_ddp_skips_the_all_reduce_of_all_but_the_last_batch_compiled_or_not(tmp_path, monkeypatch):
+    """DDP's no_sync is entered for every micro-batch but the last, also when the DDP module is
+    wrapped by torch.compile (the gradients are then summed across processes once per update)."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from conftest import tiny_model
+    from seq2seq_cli.config import load_config
+    from seq2seq_cli.data.batching import Batch
+    from seq2seq_cli.train.distributed import Processes
+    from seq2seq_cli.train.loop import accumulate_gradients, wrapped_ddp
+
+    entered: list[int] = []
+    real_no_sync = DDP.no_sync
+
+    @contextlib.contextmanager
+    def recording_no_sync(self):
+        entered.append(1)
+        with real_no_sync(self):
+            yield
+
+    monkeypatch.setattr(DDP, "no_sync", recording_no_sync)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = DDP(tiny_model().train())
+        config = load_config(make_config(tmp_path, "run"))
+        src = torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]])
+        tgt = torch.tensor([[2, 5, 6], [2, 7, 0]])
+        micro = [Batch(src, tgt, tgt.roll(-1, 1), 7, 5)] * 3
+        for net in (ddp, torch.compile(ddp, backend="eager")):
+            assert wrapped_ddp(net) is ddp
+            entered.clear()
+            scaler = torch.amp.GradScaler("cpu", enabled=False)
+            sums = accumulate_gradients(net, micro, 1.0, config, torch.device("cpu"), scaler, Processes())
+            assert sums is not None and entered == [1, 1]
+    finally:
+        dist.destroy_process_group()
+    assert wrapped_ddp(tiny_model()) is None

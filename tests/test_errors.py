@@ -211,6 +211,15 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "config-missing-key": (
         lambda ws: ["train", "-c", config_with(ws, "nodata", lambda r: r.pop("data"))],
         ["nodata.yaml", "missing required key 'data'"], 1),
+    "config-bool-for-number": (
+        lambda ws: ["train", "-c", ws / "tiny.yaml", "--set", "train.max_steps=yes"],
+        ["--set train.max_steps: expected an integer, not true or false (got True)"], 1),
+    "config-adam-betas": (
+        lambda ws: ["train", "-c", ws / "tiny.yaml", "--set", "train.betas=[1.5,0.98]"],
+        ["--set train.betas: each Adam beta must be at least 0 and below 1 (got [1.5, 0.98])"], 1),
+    "config-seed-range": (
+        lambda ws: ["train", "-c", ws / "tiny.yaml", "--set", "train.seed=-1"],
+        ["--set train.seed: Input should be greater than or equal to 0 (got -1)"], 1),
     "override-syntax": (lambda ws: ["train", "-c", ws / "tiny.yaml", "--set", "train.lr"], ["expected KEY.PATH=VALUE"], 1),
     "override-unknown-key": (
         lambda ws: ["train", "-c", ws / "tiny.yaml", "--set", "train.learning_rate=1"],

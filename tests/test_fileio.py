@@ -90,3 +90,33 @@ def test_config_and_checkpoint_import_without_a_cycle():
 
     code = "import seq2seq_cli.config, sys; assert 'seq2seq_cli.run.checkpoint' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for a test, restoring it after."""
+    import os
+
+    saved = os.umask(0o022)
+    yield os.umask
+    os.umask(saved)
+
+
+def test_new_files_take_the_umask_whatever_mode_the_writer_used(tmp_path, umask):
+    import os
+    import stat
+
+    def private_writer(tmp: str) -> None:  # as some writers do: 0600 whatever the umask
+        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))
+
+    for mask, expected in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        umask(mask)
+        path = tmp_path / f"new-{mask:o}.bin"
+        atomic_write(path, private_writer)
+        assert stat.S_IMODE(path.stat().st_mode) == expected
+    umask(0o022)
+    kept = tmp_path / "kept.bin"
+    atomic_write(kept, private_writer)
+    kept.chmod(0o640)
+    atomic_write(kept, private_writer)  # an existing file keeps its own permissions
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640

@@ -23,6 +23,7 @@ from seq2seq_cli.data.batching import collate
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import BOS, EOS, PAD
+from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import loop as train_module
 from seq2seq_cli.train.loop import train
 
@@ -109,7 +110,7 @@ def test_every_error_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Fine-tuning", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"}
-    assert documented == set(ERROR_CASES) | {"finetune-own-run"}
+    assert documented == set(ERROR_CASES) | {"finetune-own-run", "finetune-damaged-sha256", "finetune-damaged-nan"}
 
 
 def test_free_keys_and_defaults_follow_the_user_and_the_init_run(base, tmp_path):
@@ -223,3 +224,41 @@ def test_an_imported_marian_model_fine_tunes_and_translates(tmp_path, corpus_dir
     r = runner.invoke(app, ["translate", "-m", str(run)], input="en el principio\ny dijo dios\n")
     assert r.exit_code == 0, r.output
     assert len(r.stdout.splitlines()) == 2
+
+
+def damaged_copy(base: Path, tmp_path: Path, nan: bool) -> Path:
+    """A copy of the base run whose best weights are corrupted (sha256 no longer matches), or
+    hold a NaN under a manifest that matches them."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(base, copy)
+    best = copy / "checkpoints" / "best.safetensors"
+    if nan:
+        with safe_open(str(best), framework="pt") as f:
+            meta = f.metadata()
+        tensors = load_file(str(best))
+        tensors["src_embed.tokens.weight"][3, 5] = float("nan")
+        save_file(tensors, str(best), metadata=meta)
+        manifest = json.loads((copy / "checkpoints" / "best.json").read_text())
+        manifest["sha256"]["weights"] = ckpt.sha256(best)
+        (copy / "checkpoints" / "best.json").write_text(json.dumps(manifest))
+    else:
+        data = bytearray(best.read_bytes())
+        data[-7] ^= 0x40
+        best.write_bytes(bytes(data))
+    return copy
+
+
+@pytest.mark.parametrize("nan", [False, True], ids=["sha256", "nan"])
+def test_init_from_damaged_weights_is_refused_before_anything_is_written(base, tmp_path, nan):
+    init = damaged_copy(base, tmp_path, nan)
+    best = init / "checkpoints" / "best.safetensors"
+    cfg = make_config(tmp_path, "ft", max_steps=2)
+    r = runner.invoke(app, ["train", "--config", str(cfg), "--init-from", str(init), "--no-progress"])
+    assert r.exit_code == 1
+    expected = (f"error: {best}: weights are damaged: 1 tensors hold NaN or infinite values (src_embed.tokens.weight, ...)"
+                if nan else f"error: {best}: best.safetensors is corrupted or truncated (sha256 does not match best.json)")
+    assert r.stderr.strip().splitlines() == [expected]
+    assert not (tmp_path / "ft").exists()

@@ -40,3 +40,16 @@ def test_gradient_matches_finite_differences() -> None:
     logits = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     target = torch.tensor([[4, 5, PAD], [1, 2, 3]])
     assert torch.autograd.gradcheck(lambda x: label_smoothed_nll(x, target, 0.1)[0], (logits,))
+
+
+def test_only_the_smoothed_loss_carries_a_gradient() -> None:
+    """The nll sum and the token count are outputs marked non-differentiable: they carry no
+    graph, and a backward through the nll is an error rather than a silent wrong gradient."""
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    target = torch.tensor([[1, 2, PAD], [3, 4, 5]])
+    loss, nll, tokens = label_smoothed_nll(logits, target, 0.1)
+    assert loss.requires_grad
+    assert not nll.requires_grad and nll.grad_fn is None
+    assert not tokens.requires_grad and tokens.item() == 5
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        nll.backward()

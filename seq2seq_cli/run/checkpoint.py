@@ -17,6 +17,7 @@ NAME.json the manifest {"format_version", "step", "sha256": {"weights", "state"}
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -57,7 +58,24 @@ def save_weights(path: Path, model: Seq2SeqTransformer, config: Config, meta: di
         "joint_vocab": str(config.tokenizer.joint),
         **{k: str(v) for k, v in meta.items()},
     }
-    atomic_write(path, lambda tmp: save_model(model, tmp, metadata=metadata))
+
+    def write(tmp: str) -> None:
+        try:
+            save_model(model, tmp, metadata=metadata)
+        except SafetensorError as exc:  # an I/O error (a full disk) surfaces as this
+            raise write_error(exc, tmp) from None
+
+    atomic_write(path, write)
+
+
+def write_error(exc: Exception, tmp: str) -> OSError:
+    """The OSError (naming `tmp`, which `atomic_write` turns into the file's own name) of a
+    writer that reports I/O errors its own way: safetensors' SafetensorError, torch.save's
+    RuntimeError."""
+    text = str(exc)
+    if "No space left" in text or "StorageFull" in text or "file write failed" in text:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+    return OSError(errno.EIO, f"could not be written ({text.splitlines()[0] if text else type(exc).__name__})", tmp)
 
 
 def read_metadata(path: Path) -> dict[str, str]:
@@ -228,6 +246,29 @@ def load_checkpoint(
     return model, config, run_dir, meta
 
 
+def verify_weights(ckpt: Path) -> None:
+    """Refuse a weights file that cannot be trusted, as `load_checkpoint` does: with a manifest
+    beside it, a sha256 that does not match; without one, a header or sizes that do not add up.
+    Then refuse weights that hold NaN or infinite values (read one tensor at a time)."""
+    if ckpt.with_suffix(".json").is_file():
+        problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
+        if problem is not None:
+            raise UserError(f"{ckpt}: {problem}")
+    else:
+        check_safetensors_layout(ckpt)
+    bad = []
+    try:
+        with safe_open(str(ckpt), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    bad.append(name)
+    except (SafetensorError, OSError) as exc:
+        raise UserError(f"{ckpt}: not a readable checkpoint ({exc})") from None
+    if bad:
+        raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
+
+
 SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
                            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
@@ -306,7 +347,13 @@ def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int)
 
 
 def save_train_state(path: Path, state: dict[str, Any]) -> None:
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    def write(tmp: str) -> None:
+        try:
+            torch.save(state, tmp)
+        except RuntimeError as exc:  # torch's zip writer reports a full disk as "file write failed"
+            raise write_error(exc, tmp) from None
+
+    atomic_write(path, write)
 
 
 def load_train_state(path: Path) -> dict[str, Any]:

@@ -73,6 +73,7 @@ from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import averaged_copy, restore_count
 from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.memory import check_fits
 from seq2seq_cli.train.metrics import MetricsLog, plot_curves, read_metrics
 
 
@@ -137,6 +138,13 @@ def my_batches(update: list[np.ndarray], procs: Processes) -> tuple[list[np.ndar
     return (mine, True) if mine else (update[:1], False)
 
 
+def wrapped_ddp(model: nn.Module) -> DDP | None:
+    """The DDP wrapper of the module that trains, under torch.compile's wrapper (which keeps
+    it as `_orig_mod`) or not; None without DDP."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner if isinstance(inner, DDP) else None
+
+
 def accumulate_gradients(
     model: nn.Module, micro: list[Batch], weight: float, config: Config,
     device: torch.device, scaler: torch.amp.GradScaler, procs: Processes,
@@ -157,11 +165,12 @@ def accumulate_gradients(
     loss_sum = torch.zeros((), device=device)
     nll_sum = torch.zeros((), device=device)
     divisor = max(total, 1.0) / procs.world
+    ddp = wrapped_ddp(model)
     for i, batch in enumerate(micro):
         b = batch.to(device, non_blocking=True)
         # DDP sums gradients across processes in the last backward only
         last = i == len(micro) - 1
-        with contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
+        with contextlib.nullcontext() if last or ddp is None else ddp.no_sync():
             with autocast(device, config.train.precision):
                 logits = model(b.src, b.tgt_in)
             loss, nll, _ = label_smoothed_nll(logits, b.tgt_out, config.train.label_smoothing)
@@ -212,22 +221,40 @@ def validate(
     return {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll_tok, "valid_ppl": math.exp(min(nll_tok, 50))}
 
 
+class StopRequest:
+    """Set by SIGINT (Ctrl-C) or SIGTERM while the loop runs; the loop looks at it between
+    updates, once an update, its validation and its saves are complete, so the `last` it then
+    saves resumes exactly. A second signal interrupts at once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C so both save `last` before exiting."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
+def stop_on_signals() -> Iterator[StopRequest]:
+    """SIGINT and SIGTERM set the yielded `StopRequest` instead of interrupting (in the main
+    thread; elsewhere signals keep their handlers and the request is never set)."""
+    stop = StopRequest()
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, stop)
     except ValueError:  # not the main thread
-        yield
-        return
+        pass
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def rng_state() -> dict[str, Any]:
@@ -510,6 +537,7 @@ def init_from_run(config: Config, init_from: str | Path) -> tuple[Config, Init]:
     if run_dir.resolve() == config.run_path.resolve():
         raise UserError(f"--init-from {init_from}: that is this run's own directory; continue it with --resume, "
                         "or give the fine-tuning run another name or run_dir")
+    ckpt.verify_weights(weights)  # as translate would: sha256 against its manifest, finite values
     meta = ckpt.read_metadata(weights)
     saved = validate_config(json.loads(meta["config"]), f"{weights} (embedded config)")
     return inherit_architecture(config, saved, str(init_from)), Init(run_dir, weights)
@@ -569,6 +597,7 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     data = prepare_data(config, procs, log)
 
     vocab_sizes = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
+    check_fits(config.model, *vocab_sizes, config.tokenizer.joint, device)
     model = build_model(config.model, *vocab_sizes, config.tokenizer.joint).to(device)
     optimizer = make_optimizer(model, t, device)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")  # fp16 overflow handling
@@ -645,10 +674,12 @@ def report_nonfinite(run: Run, state: TrainState) -> None:
     run.log(f"warning: non-finite loss or gradients at step {state.step + 1}; batch skipped "
             f"({state.counters['skipped_nonfinite']} so far)")
     if state.consecutive_bad >= run.config.train.max_nonfinite:
+        last = run.ckpt_dir / "last.safetensors"
+        saved = (f"stopped without saving, so {last} is the last good state" if last.is_file()
+                 else "stopped before any checkpoint was saved")
         raise UserError(
             f"non-finite loss or gradients in {state.consecutive_bad} consecutive batches at step {state.step + 1}; "
-            f"stopped without saving, so {run.ckpt_dir / 'last.safetensors'} is the last good state; "
-            "lower train.lr, raise train.warmup_steps or set train.clip_norm"
+            f"{saved}; lower train.lr, raise train.warmup_steps or set train.clip_norm"
         )
 
 
@@ -673,11 +704,10 @@ def log_progress(run: Run, state: TrainState, bar: tqdm) -> None:
     state.window, state.window_start = new_window(), now
 
 
-def save(run: Run, state: TrainState, improved: bool, together: bool = True) -> None:
+def save(run: Run, state: TrainState, improved: bool) -> None:
     """Write a checkpoint (rank 0). Each process's RNG state is gathered, so that a resume with
-    as many processes is exact; when interrupted the processes may be anywhere, so rank 0
-    saves its own state alone (`together` False)."""
-    state.rngs = distributed.gather_to_all(run.procs, rng_state()) if together else [rng_state()]
+    as many processes is exact."""
+    state.rngs = distributed.gather_to_all(run.procs, rng_state())
     if not run.procs.main:
         return
     saved = {**state.state_dict(), "optimizer": run.optimizer.state_dict(), "scaler": run.scaler.state_dict()}
@@ -756,7 +786,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                    dynamic_ncols=True, file=sys.stderr)
         batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
         try:
-            with sigterm_as_interrupt():
+            with stop_on_signals() as stop:
                 while not should_stop(run, state):
                     if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
                         outcome = one_update(run, state, batches)
@@ -770,15 +800,15 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                                 validate_and_save(run, state)
                     if state.batch_in_epoch >= len(batches):
                         batches = next_epoch(run, state)
+                    if distributed.from_main(procs, stop.requested):  # rank 0's signal stops every process
+                        bar.close()
+                        save(run, state, improved=False)
+                        run.log(f"interrupted at step {state.step}; saved {ckpt_dir / 'last.safetensors'}. "
+                                f"Resume with: seq2seq train --config {config.run_path / 'config.yaml'} --resume")
+                        raise KeyboardInterrupt
                 if (state.validated_at != state.step
                         or not distributed.from_main(procs, (ckpt_dir / "last.safetensors").is_file())):
                     validate_and_save(run, state)
-        except KeyboardInterrupt:
-            bar.close()
-            save(run, state, improved=False, together=False)
-            run.log(f"interrupted at step {state.step}; saved {ckpt_dir / 'last.safetensors'}. "
-                    f"Resume with: seq2seq train --config {config.run_path / 'config.yaml'} --resume")
-            raise
         finally:
             bar.close()
             if run.metrics is not None:

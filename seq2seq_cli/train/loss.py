@@ -31,10 +31,11 @@ class _LabelSmoothedNLL(torch.autograd.Function):
         nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (N,)
         smooth = -lprobs.mean(dim=-1)  # (N,)
         loss = torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, 0.0).sum()
+        nll_sum, tokens = torch.where(keep, nll, 0.0).sum(), keep.sum()
         ctx.save_for_backward(lprobs, target, keep)
         ctx.epsilon, ctx.dtype = epsilon, logits.dtype
-        ctx.mark_non_differentiable(nll, keep)
-        return loss, torch.where(keep, nll, 0.0).sum(), keep.sum()
+        ctx.mark_non_differentiable(nll_sum, tokens)  # outputs without a gradient: the nll is reported, not trained
+        return loss, nll_sum, tokens
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> tuple[Tensor, None, None]:

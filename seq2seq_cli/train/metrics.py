@@ -33,8 +33,11 @@ class MetricsLog:
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as exc:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         if self.writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
