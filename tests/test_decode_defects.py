@@ -1,0 +1,98 @@
+"""Decoding, evaluation and averaging under hostile but realistic use: outputs that would
+destroy an input or the run, n-best line counts, sampling seeds, stdin answered as it
+arrives, option ranges, blank lines and byte-order marks, plots and signals, unknown words."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, SHIPPED
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import load_config
+from seq2seq_cli.train.loop import train
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A tiny run trained for 4 updates, with step checkpoints at 2 and 4."""
+    tmp = tmp_path_factory.mktemp("decode")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
+    raw["train"].update(max_steps=4, valid_every=2, keep_last=2)
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return train(load_config(tmp / "tiny.yaml"), progress=False, log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    return (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:12]
+
+
+def one_error_line(result, *fragments: str) -> str:
+    """The result failed with exactly one `error:` line on stderr holding every fragment."""
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+# --------------------------------------------------------------------------- outputs that destroy inputs
+
+
+@pytest.mark.parametrize("target", ["--ref", "--src"])
+def test_evaluate_refuses_to_write_over_its_reference_or_source(run, tmp_path, target):
+    src, ref = tmp_path / "e.es", tmp_path / "e.en"
+    src.write_text("hola\nadiós\n", encoding="utf-8")
+    ref.write_text("hello\ngoodbye\n", encoding="utf-8")
+    out = ref if target == "--ref" else src
+    r = runner.invoke(app, ["evaluate", "-m", str(run), "--src", str(src), "--ref", str(ref), "-o", str(out)])
+    one_error_line(r, f"{out}: is the {target} file {out}; write the translations to another file")
+    assert r.stdout == ""
+    assert src.read_text(encoding="utf-8") == "hola\nadiós\n" and ref.read_text(encoding="utf-8") == "hello\ngoodbye\n"
+
+
+def test_evaluate_refuses_a_symbolic_link_to_its_reference(run, tmp_path):
+    src, ref, link = tmp_path / "e.es", tmp_path / "e.en", tmp_path / "link.en"
+    src.write_text("hola\n", encoding="utf-8")
+    ref.write_text("hello\n", encoding="utf-8")
+    link.symlink_to(ref)
+    r = runner.invoke(app, ["evaluate", "-m", str(run), "--src", str(src), "--ref", str(ref), "-o", str(link)])
+    one_error_line(r, f"{link}: is the --ref file {ref}")
+    assert ref.read_text(encoding="utf-8") == "hello\n"
+
+
+@pytest.mark.parametrize("name", ["spm.model", "config.yaml", "checkpoints/best.safetensors", "new.txt"])
+def test_translate_refuses_to_write_into_the_run(run, name):
+    target = run / name
+    before = target.read_bytes() if target.exists() else None
+    r = runner.invoke(app, ["translate", "-m", str(run), "-o", str(target), "--no-progress"], input="hola\n")
+    one_error_line(r, f"{target}: is inside the model's run directory {run}; write the translation outside it")
+    assert (target.read_bytes() if target.exists() else None) == before
+
+
+def test_translate_refuses_a_symbolic_link_to_its_input(run, tmp_path):
+    src, link = tmp_path / "in.es", tmp_path / "link.txt"
+    src.write_text("hola\n", encoding="utf-8")
+    link.symlink_to(src)
+    r = runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(link), "--no-progress"])
+    one_error_line(r, f"{link}: is the input file {src}")
+    assert src.read_text(encoding="utf-8") == "hola\n"
