@@ -154,3 +154,46 @@ def test_average_racing_checkpoint_rotation_lists_again_then_reports_one_line(ru
     always = True
     r = runner.invoke(app, ["average", "-m", str(run), "--last", "2", "-o", str(out)])
     one_error_line(r, "step checkpoints changed while they were read", "training is rotating them")
+
+
+# --------------------------------------------------------------------------- n-best line counts
+
+
+@pytest.mark.parametrize("limits", [["--max-len-a", "0", "--max-len-b", "0"], ["--max-len-a", "0", "--max-len-b", "1"]])
+def test_nbest_writes_exactly_n_lines_per_input_whatever_the_output_limit(run, sentences, tmp_path, limits):
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(sentences[:5]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    args = ["translate", "-m", str(run), "-i", str(src), "-o", str(out), "--beam-size", "4", "--nbest", "4",
+            "--scores", "--no-progress", *limits]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rows = out.read_text(encoding="utf-8").splitlines()
+    assert len(rows) == 20
+    for k in range(5):
+        scores = [float(row.rsplit("\t", 1)[1]) for row in rows[4 * k : 4 * k + 4]]
+        assert scores == sorted(scores, reverse=True) and scores[0] > float("-inf")
+    if limits[-1] == "0":  # only the empty output fits: it, then three empty lines without a hypothesis
+        assert all(row.split("\t")[0] == "" for row in rows)
+        assert [row.rsplit("\t", 1)[1] for row in rows[1:4]] == ["-inf"] * 3
+
+
+def test_evaluate_with_a_zero_output_limit_scores_empty_translations(run, tmp_path):
+    src, ref = tmp_path / "e.es", tmp_path / "e.en"
+    src.write_text("hola\nadiós\n", encoding="utf-8")
+    ref.write_text("hello\ngoodbye\n", encoding="utf-8")
+    r = runner.invoke(app, ["evaluate", "-m", str(run), "--src", str(src), "--ref", str(ref), "--json",
+                            "--max-len-a", "0", "--max-len-b", "0"])
+    assert r.exit_code == 0, r.output
+    assert '"bleu": 0.0' in r.stdout
+
+
+def test_evaluate_refuses_an_nbest_file_against_one_reference_per_line(run, tmp_path):
+    src, ref, hyp = tmp_path / "e.es", tmp_path / "e.en", tmp_path / "nbest.en"
+    src.write_text("hola\nadiós\n", encoding="utf-8")
+    ref.write_text("hello\ngoodbye\n", encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run), "-i", str(src), "-o", str(hyp), "--beam-size", "2", "--nbest", "2",
+                            "--max-len-b", "0", "--max-len-a", "0", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref)])
+    one_error_line(r, f"{hyp} has 4 lines but {ref} has 2; they must be aligned")
