@@ -310,6 +310,15 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "evaluate-empty-src": (
         lambda ws: ["evaluate", "-m", ws / "run", "--src", empty_file(ws, "e-src.txt"), "--ref", empty_file(ws, "e-ref.txt")],
         ["e-ref.txt: empty file"], 1),
+    "evaluate-output-is-input": (
+        lambda ws: ["evaluate", "-m", ws / "run", "--src", ws / "in.txt", "--ref", ws / "ref.txt", "-o", ws / "ref.txt"],
+        ["ref.txt: is the --ref file", "write the translations to another file"], 1),
+    "output-in-run": (lambda ws: ["translate", "-m", ws / "run", "-o", ws / "run" / "spm.model"],
+                      ["spm.model: is inside the model's run directory", "write the translation outside it"], 1),
+    "average-managed-name": (lambda ws: ["average", "-m", ws / "run", "-o", ws / "run" / "checkpoints" / "best.safetensors"],
+                             ["best.safetensors is a checkpoint the run manages (best, last, step-N)"], 1),
+    "average-not-safetensors": (lambda ws: ["average", "-m", ws / "run", "-o", ws / "run" / "checkpoints" / "mine.json"],
+                                ["mine.json: an averaged checkpoint is a NAME.safetensors file"], 1),
     "flag-device": (lambda ws: ["translate", "-m", ws / "run", "--device", "tpu"], ["--device 'tpu': expected auto, cpu or cuda"], 1),
     "flag-decode-choice": (lambda ws: ["translate", "-m", ws / "run", "--length-penalty-type", "bogus"],
                            ["--length-penalty-type 'bogus': Input should be 'average' or 'gnmt'"], 1),

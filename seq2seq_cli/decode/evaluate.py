@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from seq2seq_cli.decode.files import check_output
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import read_lines, write_lines
@@ -48,7 +49,11 @@ def evaluate(
     output: Path | None = None,
 ) -> Scores:
     """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
-    hypotheses to `output` when given)."""
+    hypotheses to `output` when given). An `output` that is one of the inputs, or lies in the
+    model's run directory, is refused before anything is translated."""
+    if output is not None:
+        inputs = {flag: path for flag, path in (("--ref", ref), ("--src", src), ("--hyp", hyp)) if path is not None}
+        check_output(output, inputs, translator.run_dir if translator is not None else None, "the translations")
     refs = read_lines(ref)
     if not refs:
         raise UserError(f"{ref}: empty file (expected one reference per line; nothing to score)")

@@ -43,6 +43,9 @@ class Hypothesis:
     log_prob: float  # sum of token log-probabilities, EOS included
 
 
+NO_HYPOTHESIS = Hypothesis([], NEG_INF, NEG_INF)  # fills n-best lists the search could not fill
+
+
 def length_penalty(length: int, alpha: float, kind: str) -> float:
     """lp(|Y|) for a hypothesis of `length` tokens (EOS counted)."""
     if kind == "gnmt":
@@ -237,9 +240,15 @@ def sample(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: in
 
 
 def search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
-    """Sampling when asked, greedy search for beam size 1 and one output, beam search otherwise."""
+    """Sampling when asked, greedy search for beam size 1 and one output, beam search otherwise.
+
+    Always `nbest` hypotheses per sentence: where the output limit leaves fewer distinct
+    outputs (a limit of 0 allows only the empty one), the missing ones are empty with score
+    and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input."""
     if opts.sampling:
-        return sample(model, src, opts, nbest)
-    if opts.beam_size == 1 and nbest == 1:
-        return [[h] for h in greedy_search(model, src, opts)]
-    return beam_search(model, src, opts, nbest)
+        found = sample(model, src, opts, nbest)
+    elif opts.beam_size == 1 and nbest == 1:
+        found = [[h] for h in greedy_search(model, src, opts)]
+    else:
+        found = beam_search(model, src, opts, nbest)
+    return [hyps + [NO_HYPOTHESIS] * (nbest - len(hyps)) for hyps in found]

@@ -12,7 +12,6 @@ search itself stays on the fast path.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -30,6 +29,7 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.decode.files import check_output
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import Hypothesis, search
 from seq2seq_cli.device import pick_device
@@ -86,6 +86,7 @@ class Translator:
     tgt_sp: SentencePieceProcessor
     decode: DecodeConfig
     device: torch.device
+    run_dir: Path | None = None  # the run directory the model was loaded from
 
     @classmethod
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
@@ -103,7 +104,7 @@ class Translator:
         except ValidationError as exc:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
         model = model.to(decoding_dtype(decode, dev))
-        return cls(for_decoding(model, decode.quantize), src_sp, tgt_sp, decode, dev)  # weights are fixed: pack them once
+        return cls(for_decoding(model, decode.quantize), src_sp, tgt_sp, decode, dev, run_dir)  # weights are fixed: pack them once
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the
@@ -271,8 +272,8 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
     if out != "-" and Path(out).is_dir():
         raise UserError(f"{out}: is a directory, expected a file name to write")
-    if out != "-" and src != "-" and Path(out).exists() and Path(src).exists() and os.path.samefile(src, out):
-        raise UserError(f"{out}: is the input file {src}; write the translation to another file")
+    if out != "-":
+        check_output(Path(out), {"input": Path(src)} if src != "-" else {}, translator.run_dir, "the translation")
     if src == "-":
         stream: Iterable[str] = sys.stdin
         chunk = 1 if sys.stdin.isatty() else CHUNK_LINES

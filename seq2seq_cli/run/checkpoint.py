@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -368,10 +369,11 @@ def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) ->
     fairseq's average_checkpoints and OpenNMT's average_models); returns the written file,
     by default RUN/checkpoints/average-last-N.safetensors (usable as --model).
 
-    `output` must lie in the run's checkpoints directory: the averaged weights are used
-    with the run's tokenizer, which `--model` finds through that directory."""
-    from safetensors.torch import load_file, save_file
-
+    `output` must be a NAME.safetensors file in the run's checkpoints directory (the averaged
+    weights are used with the run's tokenizer, which `--model` finds through that directory),
+    NAME not one the run manages (best, last, step-N), and it is written with its manifest
+    NAME.json. Checkpoints that training rotates away while they are read are listed again
+    once; a second miss is reported as one line."""
     ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
     if not ckpt_dir.is_dir():
         raise UserError(f"{run_dir}: no checkpoints directory; is it a trained run directory?")
@@ -381,23 +383,62 @@ def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) ->
             f"{output}: an averaged checkpoint is written into its run's checkpoints directory "
             f"{ckpt_dir}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
         )
-    names = [n for n in step_names(ckpt_dir) if verify_checkpoint(ckpt_dir, n, need_state=False) is None][:last]
-    if len(names) < last:
+    if output.suffix != ".safetensors" or not output.stem or output.stem.startswith("."):
+        raise UserError(f"{output}: an averaged checkpoint is a NAME.safetensors file (its manifest is NAME.json)")
+    if output.stem in ("best", "last") or re.fullmatch(r"step-\d+", output.stem):
         raise UserError(
-            f"{ckpt_dir}: {len(names)} intact step checkpoints, --last {last} asked; "
-            "keep more with train.keep_last"
+            f"{output}: {output.name} is a checkpoint the run manages (best, last, step-N); "
+            "give the average another name, e.g. average.safetensors"
         )
-    total: dict[str, torch.Tensor] = {}
-    for name in names:
-        for key, tensor in load_file(str(ckpt_dir / f"{name}.safetensors")).items():
-            total[key] = total.get(key, 0) + tensor.double()
-    newest = ckpt_dir / f"{names[0]}.safetensors"
-    dtypes = load_file(str(newest))
-    averaged = {k: (v / len(names)).to(dtypes[k].dtype).contiguous() for k, v in total.items()}
-    meta = {**read_metadata(newest), "averaged": ",".join(names)}
+    for attempt in (1, 2):
+        try:
+            names, averaged, meta = _average(ckpt_dir, last, final=attempt == 2)
+            break
+        except (FileNotFoundError, SafetensorError, _Rotating) as exc:
+            if attempt == 1:
+                time.sleep(0.5)  # a save in progress has its manifest written by then
+            else:
+                raise UserError(
+                    f"{ckpt_dir}: step checkpoints changed while they were read ({exc}): training is rotating "
+                    "them; average once it has saved, or after it ends"
+                ) from None
+    from safetensors.torch import save_file
+
     manifest = output.with_suffix(".json")
     manifest.unlink(missing_ok=True)
     atomic_write(output, lambda tmp: save_file(averaged, tmp, metadata=meta))
     atomic_write_text(manifest, json.dumps(
         {"format_version": FORMAT_VERSION, "step": meta.get("step"), "sha256": {"weights": sha256(output)}}, indent=1))
     return output
+
+
+class _Rotating(Exception):
+    """Fewer intact step checkpoints than asked, perhaps because one is being saved."""
+
+
+def _average(ckpt_dir: Path, last: int, final: bool) -> tuple[list[str], dict[str, torch.Tensor], dict[str, str]]:
+    """The newest `last` intact step checkpoints -> (their names, their mean weights, the
+    metadata of the newest with the names added). Raises FileNotFoundError when one goes
+    away while it is read, and, unless `final`, _Rotating when fewer than `last` are intact."""
+    from safetensors.torch import load_file
+
+    names = [n for n in step_names(ckpt_dir) if verify_checkpoint(ckpt_dir, n, need_state=False) is None][:last]
+    if len(names) < last and not final:
+        raise _Rotating(f"{len(names)} intact")
+    if len(names) < last:
+        raise UserError(
+            f"{ckpt_dir}: {len(names)} intact step checkpoints, --last {last} asked; "
+            "keep more with train.keep_last"
+        )
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for name in names:
+        for key, tensor in load_file(str(ckpt_dir / f"{name}.safetensors")).items():
+            total[key] = total.get(key, 0) + tensor.double()
+            dtypes.setdefault(key, tensor.dtype)
+    averaged = {k: (v / len(names)).to(dtypes[k]).contiguous() for k, v in total.items()}
+    newest = ckpt_dir / f"{names[0]}.safetensors"
+    if not newest.is_file():
+        raise FileNotFoundError(2, "No such file or directory", str(newest))
+    meta = {**read_metadata(newest), "averaged": ",".join(names)}
+    return names, averaged, meta
