@@ -247,6 +247,35 @@ def translate(
 @app.command()
 @user_errors
 @decode_options
+def serve(
+    model: ModelOpt,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; the default answers this machine only (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="TCP port to listen on.")] = 5000,
+    batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it.")] = 5.0,
+    batching: Annotated[bool, typer.Option("--batching/--no-batching", help="Decode the requests queued together in one batch (--no-batching: one request per batch).")] = True,
+    max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests queued or being decoded; more are answered 503 with Retry-After.")] = 256,
+    max_chars: Annotated[int, typer.Option("--max-chars", min=1, help="Characters of text per request; more are answered 413.")] = 20000,
+    max_lines: Annotated[int, typer.Option("--max-lines", min=1, help="Lines (sentences) per request; more are answered 413.")] = 200,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds a request may wait for its translation; then 504.")] = 60.0,
+    api_keys: Annotated[Path | None, typer.Option("--api-keys", help="File of API keys, one per line: requests must carry one (api_key field or X-API-Key header), else 403.")] = None,
+    device: DeviceOpt = "auto",
+    *,
+    decode: dict[str, object],
+) -> None:
+    """Serve a run over HTTP: a LibreTranslate-compatible API, /v1/translate with the decoding options, a web page at /."""
+    try:
+        from seq2seq_cli.serve.server import ServeSettings
+        from seq2seq_cli.serve.server import serve as run_server
+    except ImportError as exc:
+        raise UserError(f"serve needs the serve extra ({exc.name} is missing): pip install 'seq2seq[serve]'") from None
+
+    settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching)
+    run_server(model, device, decode, host, port, settings, api_keys)
+
+
+@app.command()
+@user_errors
+@decode_options
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
     model: Annotated[Path | None, typer.Option("--model", "-m", help="Run directory or checkpoint to translate --src with.")] = None,

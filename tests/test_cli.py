@@ -128,7 +128,7 @@ def _commands():
 @pytest.mark.parametrize("width_from", ["terminal_width", "COLUMNS"])
 def test_help_prints_every_option_name_whole_at_80_columns(width_from):
     _, commands = _commands()
-    assert len(commands) == 8
+    assert len(commands) == 9
     for name, command in commands:
         if width_from == "terminal_width":
             r = runner.invoke(app, [name, "--help"], terminal_width=80)
@@ -148,7 +148,7 @@ def test_decoding_flags_are_decoconfigs_fields_on_both_commands():
 
     _, commands = _commands()
     commands = dict(commands)
-    for name in ("translate", "evaluate"):
+    for name in ("translate", "evaluate", "serve"):
         params = {p.name: p for p in commands[name].params}
         assert set(DecodeConfig.model_fields) <= set(params)
         assert "decode" not in params

@@ -14,7 +14,10 @@ PACKAGE = "seq2seq_cli"
 # the wings before it in this list, never one after it. The modules at the top of the package
 # are the bottom layer, except cli (and __main__, which runs it): the top.
 BOTTOM, TOP = "bottom", "cli"
-LAYERS = [BOTTOM, "model", "data", "run", "decode", "interop", "train", TOP]
+LAYERS = [BOTTOM, "model", "data", "run", "decode", "interop", "train", "serve", TOP]
+# serve sits above the others in LAYERS, but knows nothing of training or export, and only the
+# command line starts it (test_serve_is_imported_by_cli_only).
+SERVE_MAY_NOT_IMPORT = ("train", "interop")
 
 
 def package_modules() -> dict[str, Path]:
@@ -160,3 +163,12 @@ def test_no_test_module_imports_another_test_module():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[-1].startswith("test_") or n.startswith("tests.")]
     assert not offenders, "test modules importing test modules:\n" + "\n".join(offenders)
+
+
+def test_serve_is_imported_by_cli_only():
+    graph = import_graph()
+    importers = sorted(m for m, imported in graph.items() if wing(m) != "serve" and any(wing(t) == "serve" for t in imported))
+    assert importers == ["cli"]
+    wrong = sorted(f"{m} -> {t}" for m, imported in graph.items() if wing(m) == "serve"
+                   for t in imported if wing(t) in SERVE_MAY_NOT_IMPORT)
+    assert not wrong, "serve imports training or export code:\n" + "\n".join(wrong)

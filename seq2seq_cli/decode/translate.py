@@ -87,6 +87,7 @@ class Translator:
     decode: DecodeConfig
     device: torch.device
     run_dir: Path | None = None  # the run directory the model was loaded from
+    languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
 
     @classmethod
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
@@ -104,7 +105,9 @@ class Translator:
         except ValidationError as exc:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
         model = model.to(decoding_dtype(decode, dev))
-        return cls(for_decoding(model, decode.quantize), src_sp, tgt_sp, decode, dev, run_dir)  # weights are fixed: pack them once
+        languages = (config.data.src_lang, config.data.tgt_lang)
+        model = for_decoding(model, decode.quantize)  # weights are fixed: pack them once
+        return cls(model, src_sp, tgt_sp, decode, dev, run_dir, languages)
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the

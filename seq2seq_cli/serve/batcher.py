@@ -1,0 +1,207 @@
+"""Dynamic batching across requests: one decoding thread, a bounded queue, one future per request.
+
+Each request is a `Job`: its lines and its decoding options (`JobOptions`). The worker thread
+takes the oldest job, waits until at most `wait_s` after that job arrived for more jobs with
+the same options, and decodes the lines of all of them together through the `Translator`
+(which cuts them into token-budget batches). Each job's future then receives exactly its own
+lines, in order. Jobs with other options wait for their own turn; sampling jobs are decoded
+one request at a time, so a seed gives the same samples as `translate` of the same lines.
+
+Decoding is CPU-bound torch work: it runs on this thread, never on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.errors import UserError
+
+log = logging.getLogger("seq2seq.serve")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What a request asks of the decoder; requests batch together only when these are equal."""
+
+    decode: str  # DecodeConfig as JSON (hashable; equal settings give equal text)
+    nbest: int = 1
+    alignment: bool = False
+    attention: bool = False
+
+
+@dataclass
+class Job:
+    lines: list[str]
+    options: JobOptions
+    future: Future = field(default_factory=Future)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class QueueFull(Exception):
+    """The queue holds `limit` requests already."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{limit} requests queued")
+        self.limit = limit
+
+
+@dataclass
+class Counters:
+    batches: int = 0  # decoding rounds: groups of requests decoded together
+    sentences: int = 0
+    requests: int = 0  # requests decoded (timed-out ones that never started are not counted)
+    largest_batch: int = 0  # most requests decoded together
+    last_batch: list[int] = field(default_factory=list)  # lines of each request in the last round
+
+
+class Batcher:
+    """The decoding worker. `submit` from any thread; `start` once, `stop` to finish the queue and end."""
+
+    def __init__(self, translator: Translator, wait_s: float = 0.005, max_queue: int = 256, batching: bool = True) -> None:
+        self.translator = translator
+        self.wait_s = wait_s
+        self.max_queue = max_queue
+        self.batching = batching
+        self.counters = Counters()
+        self._queue: deque[Job] = deque()
+        self._busy = 0  # requests being decoded now
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="seq2seq-decoder", daemon=True)
+        self._translators: dict[str, Translator] = {}
+
+    def options(self, decode: DecodeConfig, nbest: int = 1, alignment: bool = False, attention: bool = False) -> JobOptions:
+        return JobOptions(decode.model_dump_json(), nbest, alignment, attention)
+
+    def pending(self) -> int:
+        """Requests accepted and not answered yet: queued or being decoded."""
+        with self._cond:
+            return len(self._queue) + self._busy
+
+    def submit(self, lines: list[str], options: JobOptions) -> Future:
+        """Queue a request -> the future of its results (one dict per line); QueueFull when full."""
+        job = Job(lines, options)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the decoder is stopping")
+            if len(self._queue) + self._busy >= self.max_queue:
+                raise QueueFull(self.max_queue)
+            self._queue.append(job)
+            self._cond.notify()
+        return job.future
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Decode what is queued, then end the worker thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the worker thread
+
+    def _take(self) -> list[Job] | None:
+        """The next group of jobs to decode together (None: stopping and nothing left)."""
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            first = self._queue[0]
+            alone = not self.batching or _sampling(first.options)
+            if not alone:
+                deadline = first.arrived + self.wait_s
+                while not self._stopping and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+            group = [first] if alone else [j for j in self._queue if j.options == first.options]
+            for job in group:
+                self._queue.remove(job)
+            group = [j for j in group if j.future.set_running_or_notify_cancel()]  # timed out while queued: dropped
+            self._busy = len(group)
+            return group
+
+    def _run(self) -> None:
+        while (group := self._take()) is not None:
+            try:
+                if group:
+                    self._decode(group)
+            finally:
+                with self._cond:
+                    self._busy = 0
+
+    def _translator(self, options: JobOptions) -> Translator:
+        t = self._translators.get(options.decode)
+        if t is None:
+            t = dataclasses.replace(self.translator, decode=DecodeConfig.model_validate_json(options.decode))
+            self._translators[options.decode] = t
+        return t
+
+    def _decode(self, group: list[Job]) -> None:
+        options = group[0].options
+        lines = [line for job in group for line in job.lines]
+        try:
+            translator = self._translator(options)
+            ids = translator.encode(lines)
+            hyps = translator.translate_hypotheses(lines, options.nbest, ids)
+            results = [line_result(translator, options, line, src, h) for line, src, h in zip(lines, ids, hyps)]
+        except Exception as exc:  # each request of the group gets the error; the worker goes on
+            if not isinstance(exc, UserError):
+                log.exception("decoding failed")
+            for job in group:
+                job.future.set_exception(exc)
+            return
+        c = self.counters
+        c.batches += 1
+        c.sentences += len(lines)
+        c.requests += len(group)
+        c.largest_batch = max(c.largest_batch, len(group))
+        c.last_batch = [len(job.lines) for job in group]
+        start = 0
+        for job in group:
+            job.future.set_result(results[start : start + len(job.lines)])
+            start += len(job.lines)
+
+
+def _sampling(options: JobOptions) -> bool:
+    return DecodeConfig.model_validate_json(options.decode).sampling
+
+
+def line_result(translator: Translator, options: JobOptions, line: str, src_ids: list[int], hyps: list) -> dict[str, Any]:
+    """One line's answer: the translation and its score, the n-best list when asked, and the
+    alignment and cross-attention (source pieces x output pieces) of the best one when asked."""
+    wants_attention = options.alignment or options.attention or translator.decode.replace_unk
+    rendered = []
+    best_attention = None
+    for rank, h in enumerate(hyps):
+        attention = None
+        if wants_attention and line.strip():
+            attention = translator.cross_attention(src_ids, h.tokens, -1, None)
+        if rank == 0:
+            best_attention = attention
+        rendered.append({"translation": translator.render(h.tokens, line, attention), "score": round(h.score, 4)})
+    out: dict[str, Any] = dict(rendered[0])
+    if options.nbest > 1:
+        out["nbest"] = rendered
+    best = hyps[0]
+    if options.alignment:
+        pairs = [] if best_attention is None else best_attention[: len(best.tokens), : len(src_ids) - 1].argmax(dim=1).tolist()
+        out["alignment"] = " ".join(f"{i}-{j}" for j, i in enumerate(pairs))
+    if options.attention:
+        out["attention"] = {
+            "source": [translator.src_sp.id_to_piece(t) for t in src_ids[:-1]] + ["</s>"] if line.strip() else [],
+            "target": [translator.tgt_sp.id_to_piece(t) for t in best.tokens] + ["</s>"] if line.strip() else [],
+            "weights": [] if best_attention is None else [[round(w, 4) for w in row] for row in best_attention.tolist()],
+        }
+    return out

@@ -1,0 +1,74 @@
+"""Start `seq2seq serve`: load and verify the run once, bind the port, run uvicorn until SIGTERM
+or Ctrl-C. On the signal the listening socket closes (new connections are refused), requests in
+flight are answered, the decoding thread finishes, and the process exits 0."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.serve.app import ServeSettings, create_app
+
+__all__ = ["ServeSettings", "serve"]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending with exit code 0 after a graceful shutdown on SIGTERM/SIGINT
+    (uvicorn re-raises the signal once it has shut down, which would end the process by it)."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def read_api_keys(path: Path) -> frozenset[str]:
+    """One key per line; blank lines and lines starting with # are skipped."""
+    if not path.is_file():
+        raise UserError(f"{path}: API keys file not found (expected one key per line)")
+    keys = frozenset(k.strip() for k in path.read_text(encoding="utf-8").splitlines() if k.strip() and not k.startswith("#"))
+    if not keys:
+        raise UserError(f"{path}: no API keys in it (expected one key per line)")
+    return keys
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The bound listening socket, or one line saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise UserError(f"--host {host}: cannot resolve it ({exc.strerror or exc})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"{host}:{port}: cannot listen there ({exc.strerror or exc}); choose another --port or --host") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(model: Path, device: str, decode: dict[str, object], host: str, port: int, settings: ServeSettings,
+          api_keys: Path | None = None) -> None:
+    """Serve a run until stopped."""
+    if api_keys is not None:
+        settings.api_keys = read_api_keys(api_keys)
+    translator = Translator.load(model, device, decode)  # a bad run fails here, before the port opens
+    sock = listen(host, port)
+    app = create_app(translator, settings)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5)
+    server = _Server(config)
+    bound = sock.getsockname()
+    src, tgt = translator.languages
+    print(f"serving {model} ({src} -> {tgt}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
+          file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    print("stopped", file=sys.stderr, flush=True)

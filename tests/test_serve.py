@@ -1,0 +1,426 @@
+"""`seq2seq serve` as a real process on a free port, driven by real clients: the libretranslatepy
+client, concurrent threads, bad and oversized requests, API keys, a full queue, a timeout and
+SIGTERM; the batching of requests in process; the web page in a headless chromium.
+
+Every error case here has a row in docs/errors.md, section "Serving" (checked below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from helpers import REPO, SHIPPED
+from seq2seq_cli.cli import app as cli_app
+from seq2seq_cli.config import load_config
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+from libretranslatepy import LibreTranslateAPI  # noqa: E402
+
+from seq2seq_cli.decode.translate import Translator  # noqa: E402
+from seq2seq_cli.serve.app import ServeSettings, create_app  # noqa: E402
+from seq2seq_cli.serve.batcher import Batcher  # noqa: E402
+
+KEY = "k-123"
+SENTENCES = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:24]
+# A request that takes a while whatever the model says: every line decodes 250 steps, beam 4.
+SLOW = {"q": "\n".join(SENTENCES[i % 24] for i in range(200)), "min_len": 240, "max_len_a": 0, "max_len_b": 250, "beam_size": 4}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A run trained for two updates: outputs that differ from sentence to sentence (nonsense,
+    but not empty) are all these tests need."""
+    from seq2seq_cli.train.loop import train
+
+    tmp = tmp_path_factory.mktemp("serve")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    raw["data"]["train"] = str(SHIPPED / "valid")
+    raw["data"]["valid"] = str(SHIPPED / "test")
+    raw["train"].update({"max_steps": 2, "valid_every": 2})
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return train(load_config(path), progress=False, log=lambda _: None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m seq2seq_cli serve` on a free port, its stderr in a file."""
+
+    def __init__(self, run: Path, tmp: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with open(self.log, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "seq2seq_cli", "serve", "--model", str(run), "--device", "cpu",
+                                          "--port", str(self.port), *args], stdout=err, stderr=err, env=env)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited with {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"serve did not answer in time: {self.log.read_text()}")
+
+    def request(self, path: str, body: bytes | None = None, content_type: str = "application/json",
+                headers: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, Any, Any]:
+        """-> (status, headers (names in any case), the JSON answer) whatever the status."""
+        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": content_type, **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.headers, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            assert "Traceback" not in text
+            return e.code, e.headers, json.loads(text)
+
+    def get(self, path: str) -> tuple[int, Any, Any]:
+        return self.request(path)
+
+    def post(self, path: str, data: dict, **kw) -> tuple[int, Any, Any]:
+        return self.request(path, json.dumps(data).encode(), **kw)
+
+    def metrics(self) -> dict:
+        return self.get("/metrics")[2]
+
+    def wait_for_queue(self, depth: int, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metrics()["queue_depth"] != depth:
+            assert time.monotonic() < deadline, f"queue depth never reached {depth}"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    """A server with API keys and small limits."""
+    tmp = tmp_path_factory.mktemp("server")
+    keys = tmp / "keys.txt"
+    keys.write_text(f"# keys\n{KEY}\nother-key\n", encoding="utf-8")
+    s = Server(run_dir, tmp, "--api-keys", str(keys), "--max-lines", "40", "--max-chars", "3000", "--beam-size", "3")
+    yield s
+    s.stop()
+
+
+def translate_cli(run_dir: Path, tmp: Path, lines: list[str], *flags: str) -> list[str]:
+    """What `seq2seq translate` writes for these lines."""
+    src, out = tmp / "in.txt", tmp / "out.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(cli_app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out),
+                                          "--device", "cpu", "--no-progress", *flags])
+    assert result.exit_code == 0, result.output
+    return out.read_text(encoding="utf-8").splitlines()
+
+
+# ---------------------------------------------------------------------------- real clients
+
+
+def test_libretranslate_client_gets_what_translate_writes(server, run_dir, tmp_path):
+    client = LibreTranslateAPI(server.url, api_key=KEY)
+    lines = SENTENCES[:6]
+    got = [client.translate(line, "es", "en") for line in lines]
+    expected = translate_cli(run_dir, tmp_path, lines, "--beam-size", "3")
+    assert got == expected
+    assert len(set(expected)) > 1 and all(expected)  # the comparison is not between empty strings
+    assert client.languages() == [{"code": "es", "name": "Spanish", "targets": ["en"]},
+                                  {"code": "en", "name": "English", "targets": []}]
+    status, _, body = server.post("/translate", {"q": lines[:3], "source": "es", "target": "en", "api_key": KEY})
+    assert status == 200 and body == {"translatedText": expected[:3]}
+    status, _, body = server.post("/translate", {"q": "\n".join(lines[:3]), "source": "auto", "target": "en", "api_key": KEY})
+    assert status == 200 and body["translatedText"] == "\n".join(expected[:3])
+    assert body["detectedLanguage"] == {"confidence": 100.0, "language": "es"}
+
+
+def test_alternatives_are_the_nbest_of_translate(server, run_dir, tmp_path):
+    line = SENTENCES[3]
+    status, _, body = server.post("/translate", {"q": line, "source": "es", "target": "en", "alternatives": 2, "api_key": KEY})
+    assert status == 200
+    nbest = translate_cli(run_dir, tmp_path, [line], "--beam-size", "3", "--nbest", "3")
+    assert [body["translatedText"], *body["alternatives"]] == nbest
+
+
+def test_own_endpoint_takes_the_decoding_options_of_translate(server, run_dir, tmp_path):
+    lines = SENTENCES[:5]
+    options = {"beam_size": 4, "length_penalty": 0.6, "length_penalty_type": "gnmt", "nbest": 2}
+    status, _, body = server.post("/v1/translate", {"q": lines, "api_key": KEY, **options})
+    assert status == 200
+    expected = translate_cli(run_dir, tmp_path, lines, "--beam-size", "4", "--length-penalty", "0.6",
+                             "--length-penalty-type", "gnmt", "--nbest", "2", "--scores")
+    got = [f"{h['translation']}\t{h['score']:.4f}" for r in body["results"] for h in r["nbest"]]
+    assert got == expected
+    # sampling with a seed: the same samples as translate gives
+    status, _, body = server.post("/v1/translate", {"q": lines, "api_key": KEY, "sampling": True, "seed": 7, "top_k": 20})
+    assert [r["translation"] for r in body["results"]] == translate_cli(
+        run_dir, tmp_path, lines, "--sampling", "--seed", "7", "--top-k", "20")
+    status, _, body = server.post("/v1/translate", {"q": lines[0], "api_key": KEY, "alignment": True, "attention": True})
+    result = body["results"][0]
+    assert result["alignment"] == translate_cli(run_dir, tmp_path, lines[:1], "--beam-size", "3", "--alignment")[0].split("\t")[1]
+    att = result["attention"]
+    assert len(att["weights"]) == len(att["target"]) and all(len(row) == len(att["source"]) for row in att["weights"])
+    assert att["source"][-1] == "</s>" and all(abs(sum(row) - 1) < 1e-2 for row in att["weights"])
+
+
+def test_concurrent_clients_each_get_their_own_lines(server):
+    def ask(i: int) -> tuple[list[str], list[str]]:
+        lines = [SENTENCES[(i + k) % len(SENTENCES)] for k in range(1 + i % 3)]
+        status, _, body = server.post("/translate", {"q": lines, "source": "es", "target": "en", "api_key": KEY})
+        assert status == 200
+        return lines, body["translatedText"]
+
+    alone = {line: server.post("/translate", {"q": line, "source": "es", "target": "en", "api_key": KEY})[2]["translatedText"]
+             for line in SENTENCES}
+    before = server.metrics()
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(ask, range(48)))
+    for lines, got in answers:
+        assert got == [alone[line] for line in lines]
+    after = server.metrics()
+    decoded = after["requests_decoded"] - before["requests_decoded"]
+    assert decoded == 48 and after["largest_batch_requests"] > 1  # requests that came together were decoded together
+
+
+def test_health_languages_and_metrics(server):
+    assert server.get("/health")[2]["languages"] == ["es", "en"]
+    status, _, figures = server.get("/metrics")
+    assert status == 200 and {"requests", "responses", "batches", "sentences", "queue_depth"} <= set(figures)
+    with urllib.request.urlopen(server.url + "/metrics?format=prometheus") as r:
+        text = r.read().decode()
+    assert re.search(r"^seq2seq_batches_total \d+$", text, re.MULTILINE)
+    assert re.search(r"^seq2seq_queue_depth 0$", text, re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------- bad requests
+
+BAD = {
+    # case: (path, body, content type, status, message)
+    "serve-bad-json": ("/translate", '{"q": "hola", ', "application/json", 400,
+                       "Invalid request: the body is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 15 (char 14))"),
+    "serve-not-an-object": ("/translate", '["hola"]', "application/json", 400, "Invalid request: expected a JSON object, got list"),
+    "serve-missing-q": ("/translate", {"source": "es", "target": "en"}, "application/json", 400, "Invalid request: missing q parameter"),
+    "serve-missing-target": ("/translate", "q=hola&source=es", "application/x-www-form-urlencoded", 400,
+                             "Invalid request: missing target parameter"),
+    "serve-wrong-source": ("/translate", {"q": "hola", "source": "fr", "target": "en"}, "application/json", 400,
+                           "fr is not supported as the source language; this model translates es to en"),
+    "serve-wrong-target": ("/translate", {"q": "hola", "source": "es", "target": "de"}, "application/json", 400,
+                           "de is not supported as the target language; this model translates es to en"),
+    "serve-q-type": ("/translate", {"q": 3, "source": "es", "target": "en"}, "application/json", 400,
+                     "Invalid request: q must be a string or a list of strings"),
+    "serve-format": ("/translate", {"q": "hola", "source": "es", "target": "en", "format": "html"}, "application/json", 400,
+                     "format 'html' is not supported; this server translates plain text (format: text)"),
+    "serve-content-type": ("/translate", "hola", "text/plain", 400,
+                           "Invalid request: Content-Type 'text/plain' is not supported; send application/json or application/x-www-form-urlencoded"),
+    "serve-option-invalid": ("/v1/translate", {"q": "hola", "beam_size": 0}, "application/json", 400,
+                             "beam_size 0: Input should be greater than or equal to 1"),
+    "serve-option-unknown": ("/v1/translate", {"q": "hola", "beam": 4}, "application/json", 400,
+                             "unknown field 'beam'; known fields: q, source, target, api_key, nbest, alignment, attention, beam_size, "
+                             "length_penalty, length_penalty_type, max_len_a, max_len_b, min_len, no_repeat_ngram_size, ban_unk, "
+                             "replace_unk, sampling, temperature, top_k, top_p, seed"),
+    "serve-nbest-beam": ("/v1/translate", {"q": "hola", "nbest": 5}, "application/json", 400,
+                         "nbest 5 is larger than beam_size 3; raise beam_size"),
+    "serve-too-many-lines": ("/translate", {"q": ["uno"] * 41, "source": "es", "target": "en"}, "application/json", 413,
+                             "request too large: 41 lines, the limit is 40"),
+    "serve-too-many-chars": ("/translate", {"q": "a" * 3001, "source": "es", "target": "en"}, "application/json", 413,
+                             "request too large: 3001 characters, the limit is 3000"),
+    "serve-no-key": ("/translate", {"q": "hola", "source": "es", "target": "en"}, "application/json", 403,
+                     "Invalid request: missing api_key (this server requires an API key)"),
+    "serve-wrong-key": ("/translate", {"q": "hola", "source": "es", "target": "en", "api_key": "guess"}, "application/json", 403,
+                        "Invalid API key"),
+    "serve-not-found": ("/nope", None, "application/json", 404, "Not Found"),
+}
+KEYLESS = ("serve-no-key", "serve-wrong-key", "serve-not-found")
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_request_gets_one_clear_error(server, case):
+    path, body, kind, status, message = BAD[case]
+    if isinstance(body, dict) and case not in KEYLESS:
+        body = {**body, "api_key": KEY}
+    if isinstance(body, str) and kind.endswith("urlencoded"):
+        body += f"&api_key={KEY}"
+    raw = None if body is None else (json.dumps(body) if isinstance(body, dict) else body).encode()
+    got_status, _, got = server.request(path, raw, kind, headers={} if case in KEYLESS else {"X-API-Key": KEY})
+    assert (got_status, got) == (status, {"error": message})
+
+
+def test_api_key_in_a_header_or_the_body(server):
+    request = {"q": "hola", "source": "es", "target": "en"}
+    assert server.post("/translate", request, headers={"X-API-Key": "other-key"})[0] == 200
+    assert server.post("/translate", {**request, "api_key": KEY})[0] == 200
+    assert server.post("/v1/translate", {"q": "hola"})[0] == 403
+
+
+def test_full_queue_gets_503_and_slow_request_504(run_dir, tmp_path):
+    s = Server(run_dir, tmp_path, "--max-queue", "1", "--timeout", "1")
+    try:
+        answers: list = []
+        slow = threading.Thread(target=lambda: answers.append(s.post("/v1/translate", SLOW)))
+        slow.start()
+        s.wait_for_queue(1)
+        status, headers, body = s.post("/translate", {"q": "hola", "source": "es", "target": "en"})
+        assert (status, body) == (503, {"error": "server busy: 1 requests are queued, the limit; retry later"})
+        assert headers["Retry-After"] == "1"
+        slow.join()
+        assert answers[0][0] == 504
+        assert answers[0][2] == {"error": "translation took longer than the request timeout of 1 s"}
+        s.wait_for_queue(0)  # the decoding it started goes on to its end, then the server takes requests again
+        assert s.post("/translate", {"q": "hola", "source": "es", "target": "en"})[0] == 200
+    finally:
+        s.stop()
+
+
+def test_sigterm_answers_the_request_in_flight_and_exits_0(run_dir, tmp_path):
+    s = Server(run_dir, tmp_path, "--timeout", "300")
+    answers: list = []
+    slow = threading.Thread(target=lambda: answers.append(s.post("/v1/translate", SLOW)))
+    slow.start()
+    s.wait_for_queue(1)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with pytest.raises(OSError):  # new connections are refused while the one in flight finishes
+        s.get("/health")
+    slow.join()
+    status, _, body = answers[0]
+    assert status == 200 and len(body["results"]) == 200
+    assert s.proc.wait(timeout=60) == 0
+    assert "Traceback" not in s.log.read_text()
+
+
+# ---------------------------------------------------------------------------- at start
+
+START = {
+    # case: (arguments after `serve`, message)
+    "serve-model-missing": (["--model", "{tmp}/no-run"], "error: {tmp}/no-run: model not found (expected a run directory or a .safetensors checkpoint)"),
+    "serve-keys-missing": (["--model", "{run}", "--api-keys", "{tmp}/keys.txt"], "error: {tmp}/keys.txt: API keys file not found (expected one key per line)"),
+    "serve-keys-empty": (["--model", "{run}", "--api-keys", "{tmp}/empty.txt"], "error: {tmp}/empty.txt: no API keys in it (expected one key per line)"),
+    "serve-port-in-use": (["--model", "{run}", "--port", "{port}"], "error: 127.0.0.1:{port}: cannot listen there (Address already in use); choose another --port or --host"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(START))
+def test_bad_start_is_one_line(run_dir, tmp_path, case):
+    (tmp_path / "empty.txt").write_text("\n# nothing\n", encoding="utf-8")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        fill = {"tmp": str(tmp_path), "run": str(run_dir), "port": str(taken.getsockname()[1])}
+        args, message = START[case]
+        result = CliRunner().invoke(cli_app, ["serve", "--device", "cpu", *[a.format(**fill) for a in args]])
+    assert result.exit_code == 1
+    assert result.output.strip() == message.format(**fill)
+
+
+def test_every_case_is_documented():
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("## Serving", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| (serve-[a-z0-9-]+) \|", section, re.MULTILINE)) == set(BAD) | set(START) | {
+        "serve-queue-full", "serve-timeout", "serve-internal"}
+
+
+# ---------------------------------------------------------------------------- in process
+
+
+def test_requests_queued_together_are_decoded_in_one_batch(run_dir):
+    translator = Translator.load(run_dir, "cpu", {"beam_size": 2})
+    batcher = Batcher(translator, wait_s=0.0)
+    options = batcher.options(translator.decode)
+    requests = [SENTENCES[0:2], SENTENCES[2:5], SENTENCES[5:6]]
+    futures = [batcher.submit(lines, options) for lines in requests]  # queued before the worker starts
+    other = batcher.submit(SENTENCES[6:8], batcher.options(translator.decode.model_copy(update={"beam_size": 1})))
+    batcher.start()
+    try:
+        got = [[r["translation"] for r in f.result(timeout=120)] for f in futures]
+        other_got = [r["translation"] for r in other.result(timeout=120)]
+    finally:
+        batcher.stop()
+    assert got == [translator.translate(lines) for lines in requests]
+    greedy = Translator.load(run_dir, "cpu", {"beam_size": 1})
+    assert other_got == greedy.translate(SENTENCES[6:8])
+    assert batcher.counters.batches == 2  # the three requests with the same options, then the other one
+    assert batcher.counters.largest_batch == 3 and batcher.counters.sentences == 8
+
+
+def test_an_unexpected_failure_is_one_line_500(run_dir, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    translator = Translator.load(run_dir, "cpu")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Translator, "translate_hypotheses", broken)
+    with TestClient(create_app(translator, ServeSettings()), raise_server_exceptions=False) as client:
+        r = client.post("/translate", json={"q": "hola", "source": "es", "target": "en"})
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal error (RuntimeError); the server log has the details"}
+
+
+# ---------------------------------------------------------------------------- the web page
+
+
+def test_web_page_translates_and_draws_the_attention(run_dir, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        print("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    s = Server(run_dir, tmp_path)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        browser.get(s.url + "/")
+        browser.find_element(By.ID, "source").send_keys(SENTENCES[0] + "\n" + SENTENCES[1])
+        browser.find_element(By.ID, "translate").click()
+        WebDriverWait(browser, 120).until(lambda b: b.find_element(By.ID, "status").text == "done")
+        expected = s.post("/translate", {"q": SENTENCES[:2], "source": "es", "target": "en"})[2]["translatedText"]
+        assert browser.find_element(By.ID, "output").text.split("\n") == expected
+        canvases = browser.find_elements(By.CSS_SELECTOR, "canvas.heatmap")
+        assert len(canvases) == 2
+        # pixels that are neither white nor transparent: the heatmap cells and labels were drawn
+        drawn = browser.execute_script(
+            "const c = arguments[0]; const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+            "let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i+3] > 0 && (d[i] < 250 || d[i+1] < 250)) n++; return n;",
+            canvases[0])
+        assert drawn > 100
+    finally:
+        browser.quit()
+        s.stop()
