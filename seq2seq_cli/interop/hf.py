@@ -34,6 +34,7 @@ from torch import Tensor
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD, UNK
+from seq2seq_cli.interop.output import check_output_dir, replacing_output
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # MarianConfig's defaults, for keys a config.json leaves out.
@@ -193,8 +194,7 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     for name in ("source.spm", "target.spm", "vocab.json"):
         if not (src_dir / name).is_file():
             raise UserError(f"{src_dir / name}: missing (a Marian directory holds source.spm, target.spm and vocab.json)")
-    if run_dir.exists() and any(run_dir.iterdir()) and not force:
-        raise UserError(f"{run_dir}: already exists and is not empty; use --force to overwrite")
+    check_output_dir(run_dir, force, [src_dir], "imported")
     tok_cfg = _read_json(src_dir / "tokenizer_config.json") if (src_dir / "tokenizer_config.json").is_file() else {}
     unk_piece = tok_cfg.get("unk_token", "<unk>") if isinstance(tok_cfg, dict) else "<unk>"
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
@@ -257,23 +257,21 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
                             f"{tuple(expected[name].shape)}")
     model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True)
 
-    if run_dir.exists() and force:
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     src_spm, src_file = VOCAB_FILES["source"]
     tgt_spm, tgt_file = VOCAB_FILES["target"]
-    for name in (src_spm, tgt_spm):
-        shutil.copyfile(src_dir / name, run_dir / name)
-    pieces = {i: p for p, i in src_vocab.items()}
-    src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
-    atomic_write_text(run_dir / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
-    if not shared:
-        pieces = {i: p for p, i in tgt_vocab.items()}
-        tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
-        atomic_write_text(run_dir / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
-    save_config(config, run_dir / "config.yaml")
-    meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
-    save_checkpoint(run_dir / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
+    with replacing_output(run_dir) as out:  # the old run stays until the new one is complete
+        for name in (src_spm, tgt_spm):
+            shutil.copyfile(src_dir / name, out / name)
+        pieces = {i: p for p, i in src_vocab.items()}
+        src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
+        atomic_write_text(out / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
+        if not shared:
+            pieces = {i: p for p, i in tgt_vocab.items()}
+            tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
+            atomic_write_text(out / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
+        save_config(config, out / "config.yaml")
+        meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
+        save_checkpoint(out / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
     return run_dir
 
 
@@ -357,20 +355,27 @@ def hf_config(model: Any) -> dict[str, Any]:
 
 def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> Path:
     """Write a run (or checkpoint) as a MarianMTModel + MarianTokenizer directory; returns it."""
-    from safetensors.torch import save_file
-
-    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
-    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text, load_checkpoint, load_run_tokenizers
+    from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
 
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
-    joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
     problems = export_problems(model)
     if problems:
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
-    if output_dir.exists() and any(output_dir.iterdir()) and not force:
-        raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
+    check_output_dir(output_dir, force, [resolve_checkpoint(model_path)[1], run_dir], "exported")
     src_tok, tgt_tok = load_run_tokenizers(model_path, run_dir, config, meta)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete
+        _write_hf(out, model, config, run_dir, src_tok, tgt_tok)
+    return output_dir
+
+
+def _write_hf(output_dir: Path, model: Any, config: Any, run_dir: Path, src_tok: Any, tgt_tok: Any) -> None:
+    """The files of `export_hf` written into `output_dir`."""
+    from safetensors.torch import save_file
+
+    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
+    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text
+
+    joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
     if vocabulary == "file":
         spm_files = [run_dir / VOCAB_FILES["source"][0], run_dir / VOCAB_FILES["target"][0]]
     else:
@@ -394,4 +399,3 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     atomic_write_text(output_dir / "config.json", json.dumps(hf_config(model), indent=1))
     weights = hf_weights(model)
     atomic_write(output_dir / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
-    return output_dir
