@@ -185,6 +185,10 @@ def _broken(root: Path, spm_model: Path, name: str) -> Path:
         config["static_position_embeddings"] = False
     elif name == "import-vocab-size":
         config["vocab_size"] = config["decoder_vocab_size"] = config["vocab_size"] + 1
+    elif name == "import-vocab-other-pieces":  # ids kept, most pieces not those of source.spm
+        vocab = json.loads((src / "vocab.json").read_text(encoding="utf-8"))
+        vocab = {(f"x{piece}" if 20 <= i < len(vocab) - 1 else piece): i for piece, i in vocab.items()}
+        (src / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     if name != "import-not-marian":
         (src / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return src
@@ -196,6 +200,8 @@ IMPORT_CASES = {
     "import-activation": ("activation_function 'gelu_new' is not supported", 1),
     "import-layout": ("static_position_embeddings False is not supported", 1),
     "import-vocab-size": ("vocab.json: 121 entries for ids 0..121", 1),
+    "import-vocab-other-pieces": ("vocab.json: holds 18 of the 118 pieces of source.spm; it is not the vocabulary "
+                                  "of this SentencePiece model (each piece it lacks would become <unk>)", 1),
 }
 
 

@@ -51,6 +51,8 @@ FIXED = {
     "normalize_before": False, "normalize_embedding": False, "add_final_layer_norm": False,
     "static_position_embeddings": True, "add_bias_logits": False,
 }
+# The share of a SentencePiece model's pieces its vocab.json must hold (the rest become unknown).
+PIECES_HELD = 0.9
 INTS = ("vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
         "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "d_model", "decoder_start_token_id",
         "pad_token_id", "eos_token_id")
@@ -151,6 +153,24 @@ def _vocab_order(vocab: dict[str, int], size: int, pad: int, eos: int, unk_piece
     return order
 
 
+def _check_pieces(spm_path: Path, vocab: dict[str, int], vocab_path: Path) -> None:
+    """Refuse a vocabulary file that lacks more than a few of the SentencePiece model's pieces:
+    every piece it lacks would be encoded (and decoded) as the unknown token."""
+    import sentencepiece as spm
+
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    except (RuntimeError, OSError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{spm_path}: not a SentencePiece model ({detail})") from None
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
+    held = sum(piece in vocab for piece in pieces)
+    if held < PIECES_HELD * len(pieces):
+        raise UserError(f"{vocab_path}: holds {held} of the {len(pieces)} pieces of {spm_path.name}; it is not the "
+                        f"vocabulary of this SentencePiece model (each piece it lacks would become <unk>)")
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -206,6 +226,8 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     for path, vocab in ((src_dir / "vocab.json", src_vocab), (tgt_path, tgt_vocab)):
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
+    _check_pieces(src_dir / "source.spm", src_vocab, src_dir / "vocab.json")
+    _check_pieces(src_dir / "target.spm", tgt_vocab, tgt_path)
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
     src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / "vocab.json")
