@@ -332,9 +332,8 @@ def export(
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
 ) -> None:
     """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""
-    from seq2seq_cli.interop.export import check_export_target, export_ctranslate2
+    from seq2seq_cli.interop.export import export_ctranslate2
 
-    check_export_target(model, output)
     if format == "hf":
         from seq2seq_cli.interop.hf import export_hf
 

@@ -3,11 +3,14 @@
 Every file the tool writes goes through `atomic_write` (temp file, fsync, rename), so a
 reader sees the old file or the new one, never half of one. Text input is checked by one
 scanner, `check_utf8`, whose error names the file, the line and the byte offset of the
-first invalid UTF-8 in it. A name ending in `.gz` is read through gzip.
+first invalid UTF-8 in it. A name ending in `.gz` is read through gzip. A directory written as a whole (an imported or
+exported model) goes through `replacing_dir`: it is built under a temporary name beside the
+old one and swapped in only when complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -71,9 +74,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_dead_temps(folder: Path, prefix: str) -> None:
-    """Remove the temporary files and directories named PREFIX<pid>.* that a process killed
-    before it could clean up left in `folder` (those of live processes stay)."""
+def remove_dead_temps(folder: Path, prefix: str, suffix: str = ".tmp") -> None:
+    """Remove the temporary files and directories named PREFIX<pid>.*SUFFIX that a process
+    killed before it could clean up left in `folder` (those of live processes stay)."""
     try:
         entries = list(folder.iterdir())
     except OSError:
@@ -81,7 +84,7 @@ def remove_dead_temps(folder: Path, prefix: str) -> None:
     for entry in entries:
         rest = entry.name.removeprefix(prefix) if entry.name.startswith(prefix) else None
         pid = rest.split(".", 1)[0] if rest else ""
-        if not pid.isdigit() or not entry.name.endswith(".tmp") or pid_alive(int(pid)):
+        if not pid.isdigit() or not entry.name.endswith(suffix) or pid_alive(int(pid)):
             continue
         try:
             if entry.is_dir() and not entry.is_symlink():
@@ -90,6 +93,65 @@ def remove_dead_temps(folder: Path, prefix: str) -> None:
                 entry.unlink()
         except OSError:
             pass
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` (and `root`) to disk."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def replacing_dir(dest: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory beside `dest` to write into; when the body succeeds,
+    it replaces `dest` as a whole (the old directory is renamed aside, the new one renamed in,
+    then the old one removed). When the body fails, the temporary directory is removed and
+    `dest` is left as it was. A symbolic link or a file at `dest` is refused."""
+    dest = Path(dest)
+    if dest.is_symlink():
+        raise UserError(f"{dest}: is a symbolic link; write into a directory that is not a link")
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"{dest}: is a file, expected a directory to write into")
+    dest = dest.resolve()
+    if not dest.name:
+        raise UserError(f"{dest}: cannot be replaced; write into another directory")
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(parent, f".{dest.name}.", ".new")
+    tag = f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    new, old = parent / f"{tag}.new", parent / f"{tag}.old"
+    new.mkdir()
+    try:
+        yield new
+        _fsync_tree(new)
+        if dest.exists():
+            os.chmod(new, stat.S_IMODE(dest.stat().st_mode))
+            os.rename(dest, old)
+            try:
+                os.rename(new, dest)
+            except BaseException:
+                os.rename(old, dest)
+                raise
+        else:
+            os.rename(new, dest)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    dir_fd = os.open(parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

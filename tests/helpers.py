@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -59,3 +63,24 @@ def sequence_log_prob(model: Seq2SeqTransformer, src_row: torch.Tensor, tokens: 
     target = torch.tensor(tokens + [EOS])
     lprobs = torch.log_softmax(model(src_row[None], tgt_in)[0], dim=-1)
     return lprobs[torch.arange(len(target)), target].sum().item()
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """{path under root: bytes} of every file under `root` (the run lock left out: its holder writes it)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+@contextlib.contextmanager
+def held_lock(run: Path) -> Iterator[int]:
+    """Another process (its pid yielded) holds the run lock of `run` as `seq2seq train` would."""
+    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); sys.argv = ['seq2seq', 'train', '-c', 'x.yaml'];"
+            f"from seq2seq_cli.run import runlock; runlock.acquire({str(run)!r}, runlock.command_line());"
+            "print('locked', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()

@@ -91,3 +91,69 @@ def test_ctranslate2_export_keeps_the_activation_and_the_logits_bias(activation,
     pieces = [[vocab[t] for t in row.tolist() if t not in (PAD, EOS)] for row in src]
     theirs = ct.translate_batch(pieces, beam_size=1, max_decoding_length=12)
     assert [[vocab[t] for t in h.tokens] for h in ours] == [t.hypotheses[0] for t in theirs]
+
+
+def _error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_export_force_replaces_the_directory_as_a_whole(run_dir, tmp_path, fmt):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x", encoding="utf-8")
+    (out / "model.bin").write_bytes(b"old")
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", fmt, str(out), "--force"])
+    assert r.exit_code == 0, r.output
+    written = {"ctranslate2": "model.bin", "hf": "model.safetensors"}[fmt]
+    assert (out / written).is_file() and (out / written).read_bytes() != b"old"
+    assert not (out / "keep.txt").exists() and (fmt == "ctranslate2" or not (out / "model.bin").exists())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directory left beside it
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_export_force_onto_a_run_in_use_is_refused_and_keeps_it(run_dir, tmp_path, fmt):
+    from helpers import held_lock, snapshot
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "config.yaml").write_text("name: busy\n", encoding="utf-8")
+    with held_lock(busy) as pid:
+        line = _error_line(CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", fmt, str(busy), "--force"]))
+    assert line.startswith(f"error: {busy}: run directory is in use by pid {pid} (seq2seq train, since "), line
+    assert snapshot(busy) == {"config.yaml": b"name: busy\n"}
+
+
+def test_an_interrupted_export_leaves_the_old_directory(run_dir, tmp_path, monkeypatch):
+    from helpers import snapshot
+    from seq2seq_cli.interop import export
+
+    out = tmp_path / "ct2"
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), str(out)])
+    assert r.exit_code == 0, r.output
+    before = snapshot(out)
+
+    def convert_then_fail(model, src_vocab, tgt_vocab, output_dir, quantization=None):
+        (Path(output_dir) / "model.bin").write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "convert_ctranslate2", convert_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        export.export_ctranslate2(run_dir, out, force=True)
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_export_force_onto_a_symlink_names_it(run_dir, tmp_path, fmt):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("x", encoding="utf-8")
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    line = _error_line(CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", fmt, str(link), "--force"]))
+    assert line == f"error: {link}: is a symbolic link; write into a directory that is not a link"
+    assert link.is_symlink() and (elsewhere / "keep.txt").read_text(encoding="utf-8") == "x"

@@ -15,6 +15,7 @@ from seq2seq_cli.fileio import (
     check_utf8,
     iter_lines,
     read_lines,
+    replacing_dir,
     write_lines,
 )
 
@@ -120,3 +121,29 @@ def test_new_files_take_the_umask_whatever_mode_the_writer_used(tmp_path, umask)
     kept.chmod(0o640)
     atomic_write(kept, private_writer)  # an existing file keeps its own permissions
     assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+
+
+def test_replacing_dir_swaps_in_a_complete_directory_or_leaves_the_old_one(tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old", encoding="utf-8")
+    with pytest.raises(OSError), replacing_dir(dest) as tmp:
+        assert tmp.parent == dest.parent and tmp.name.startswith(".out.") and tmp.name.endswith(".new")
+        (tmp / "new.txt").write_text("half", encoding="utf-8")
+        raise OSError(28, "No space left on device")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (dest / "old.txt").read_text(encoding="utf-8") == "old"
+    with replacing_dir(dest) as tmp:
+        (tmp / "new.txt").write_text("new", encoding="utf-8")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in dest.iterdir()] == ["new.txt"]
+    with replacing_dir(tmp_path / "fresh" / "dir") as tmp:
+        (tmp / "a").write_text("a", encoding="utf-8")
+    assert (tmp_path / "fresh" / "dir" / "a").read_text(encoding="utf-8") == "a"
+
+
+def test_replacing_dir_refuses_a_symlink_or_a_file(tmp_path):
+    (tmp_path / "f").write_text("x", encoding="utf-8")
+    (tmp_path / "link").symlink_to(tmp_path / "out", target_is_directory=True)
+    for name, why in (("link", "is a symbolic link"), ("f", "is a file, expected a directory")):
+        with pytest.raises(UserError, match=f"^{tmp_path / name}: {why}"), replacing_dir(tmp_path / name):
+            pass
+    assert (tmp_path / "f").read_text(encoding="utf-8") == "x" and (tmp_path / "link").is_symlink()

@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, tiny_model
+from helpers import held_lock, snapshot
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.tokenizer import load_tokenizers
@@ -184,6 +185,10 @@ def _broken(root: Path, spm_model: Path, name: str) -> Path:
         config["static_position_embeddings"] = False
     elif name == "import-vocab-size":
         config["vocab_size"] = config["decoder_vocab_size"] = config["vocab_size"] + 1
+    elif name == "import-vocab-other-pieces":  # ids kept, most pieces not those of source.spm
+        vocab = json.loads((src / "vocab.json").read_text(encoding="utf-8"))
+        vocab = {(f"x{piece}" if 20 <= i < len(vocab) - 1 else piece): i for piece, i in vocab.items()}
+        (src / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     if name != "import-not-marian":
         (src / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return src
@@ -195,6 +200,8 @@ IMPORT_CASES = {
     "import-activation": ("activation_function 'gelu_new' is not supported", 1),
     "import-layout": ("static_position_embeddings False is not supported", 1),
     "import-vocab-size": ("vocab.json: 121 entries for ids 0..121", 1),
+    "import-vocab-other-pieces": ("vocab.json: holds 18 of the 118 pieces of source.spm; it is not the vocabulary "
+                                  "of this SentencePiece model (each piece it lacks would become <unk>)", 1),
 }
 
 
@@ -223,11 +230,83 @@ def test_export_refusal_is_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def _error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- the output directory
+
+# The rows of docs/errors.md about the output directory, each checked by the tests below.
+OUTPUT_CASES = {"output-holds-input", "output-in-use", "output-symlink", "output-file", "output-not-empty"}
+
+
+def test_import_onto_its_own_source_or_a_parent_keeps_the_source(tmp_path, spm_model):
+    src = marian_dir(tmp_path, spm_model, True, "relu")
+    before = snapshot(tmp_path)
+    for target in (src, tmp_path, src / "."):
+        line = _error_line(runner.invoke(app, ["import", str(src), str(target), "--force"]))
+        assert line == f"error: {target}: holds the model being imported ({src.resolve()}); write into another directory"
+    assert snapshot(tmp_path) == before
+
+
+def test_import_force_onto_a_run_in_use_is_refused_and_keeps_it(tmp_path, spm_model):
+    src = marian_dir(tmp_path, spm_model, True, "relu")
+    run = import_marian(src, tmp_path / "run")
+    before = snapshot(run)
+    with held_lock(run) as pid:
+        line = _error_line(runner.invoke(app, ["import", str(src), str(run), "--force"]))
+    assert line.startswith(f"error: {run}: run directory is in use by pid {pid} (seq2seq train, since "), line
+    assert line.endswith("; wait for it to finish, or write into another directory"), line
+    assert snapshot(run) == before
+
+
+def test_an_interrupted_import_leaves_the_old_run_and_a_finished_one_replaces_it(tmp_path, spm_model, monkeypatch):
+    from seq2seq_cli.run import checkpoint
+
+    src = marian_dir(tmp_path, spm_model, True, "relu")
+    run = import_marian(src, tmp_path / "run")
+    (run / "notes.txt").write_text("mine", encoding="utf-8")
+    before = snapshot(run)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        import_marian(src, run, force=True)
+    assert snapshot(run) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, run.name])  # no temporary directory left
+    monkeypatch.undo()
+    line = _error_line(runner.invoke(app, ["import", str(src), str(run)]))
+    assert line == f"error: {run}: already exists and is not empty; use --force to overwrite"
+    import_marian(src, run, force=True)  # the whole directory is replaced: what the old one held besides is gone
+    assert not (run / "notes.txt").exists() and (run / "checkpoints" / "best.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, run.name])
+
+
+def test_import_force_onto_a_symlink_or_a_file_names_it(tmp_path, spm_model):
+    src = marian_dir(tmp_path, spm_model, True, "relu")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("x", encoding="utf-8")
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    line = _error_line(runner.invoke(app, ["import", str(src), str(link), "--force"]))
+    assert line == f"error: {link}: is a symbolic link; write into a directory that is not a link"
+    assert link.is_symlink() and (elsewhere / "keep.txt").read_text(encoding="utf-8") == "x"
+    line = _error_line(runner.invoke(app, ["import", str(src), str(elsewhere / "keep.txt"), "--force"]))
+    assert line == f"error: {elsewhere / 'keep.txt'}: is a file, expected a directory to write into"
+    assert (elsewhere / "keep.txt").read_text(encoding="utf-8") == "x"
+
+
 def test_every_import_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Import and export", 1)[1]
     documented = set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"}
-    assert documented == set(IMPORT_CASES) | {"export-hf-architecture"}
+    assert documented == set(IMPORT_CASES) | {"export-hf-architecture"} | OUTPUT_CASES
 
 
 def test_imported_run_works_with_translate_and_info(imported, tmp_path):

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.interop.output import check_output_dir, replacing_output
 from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
 
@@ -103,16 +104,6 @@ def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab:
     return spec
 
 
-def check_export_target(model_path: str | Path, output_dir: Path) -> None:
-    """Refuse an output directory that holds the model being exported (the run directory, its
-    checkpoints/ directory, or an ancestor of either): writing there, with --force, would delete it."""
-    run_dir, ckpt = resolve_checkpoint(model_path)
-    out = Path(output_dir).resolve()
-    for held in (run_dir.resolve(), ckpt.resolve().parent):
-        if held == out or held.is_relative_to(out):
-            raise UserError(f"{output_dir}: holds the model being exported ({ckpt}); export into another directory")
-
-
 def check_quantization(quantization: str | None) -> None:
     """A CTranslate2 weight type, checked before anything is converted."""
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
@@ -128,15 +119,15 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     except ImportError:
         raise UserError("CTranslate2 export needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
     check_quantization(quantization)
-    check_export_target(model_path, output_dir)
+    run_dir, ckpt = resolve_checkpoint(model_path)
+    check_output_dir(output_dir, force, [ckpt, run_dir], "exported")
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
     src_sp, tgt_sp = load_run_tokenizers(model_path, run_dir, config, meta)
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
     tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
-    if output_dir.exists() and any(output_dir.iterdir()) and not force:
-        raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
-
-    return convert_ctranslate2(model, src_vocab, tgt_vocab, output_dir, quantization)
+    with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete
+        convert_ctranslate2(model, src_vocab, tgt_vocab, out, quantization)
+    return output_dir
 
 
 def convert_ctranslate2(

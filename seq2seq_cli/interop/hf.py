@@ -34,6 +34,7 @@ from torch import Tensor
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD, UNK
+from seq2seq_cli.interop.output import check_output_dir, replacing_output
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # MarianConfig's defaults, for keys a config.json leaves out.
@@ -50,6 +51,8 @@ FIXED = {
     "normalize_before": False, "normalize_embedding": False, "add_final_layer_norm": False,
     "static_position_embeddings": True, "add_bias_logits": False,
 }
+# The share of a SentencePiece model's pieces its vocab.json must hold (the rest become unknown).
+PIECES_HELD = 0.9
 INTS = ("vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
         "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "d_model", "decoder_start_token_id",
         "pad_token_id", "eos_token_id")
@@ -150,6 +153,24 @@ def _vocab_order(vocab: dict[str, int], size: int, pad: int, eos: int, unk_piece
     return order
 
 
+def _check_pieces(spm_path: Path, vocab: dict[str, int], vocab_path: Path) -> None:
+    """Refuse a vocabulary file that lacks more than a few of the SentencePiece model's pieces:
+    every piece it lacks would be encoded (and decoded) as the unknown token."""
+    import sentencepiece as spm
+
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    except (RuntimeError, OSError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{spm_path}: not a SentencePiece model ({detail})") from None
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
+    held = sum(piece in vocab for piece in pieces)
+    if held < PIECES_HELD * len(pieces):
+        raise UserError(f"{vocab_path}: holds {held} of the {len(pieces)} pieces of {spm_path.name}; it is not the "
+                        f"vocabulary of this SentencePiece model (each piece it lacks would become <unk>)")
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -193,8 +214,7 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     for name in ("source.spm", "target.spm", "vocab.json"):
         if not (src_dir / name).is_file():
             raise UserError(f"{src_dir / name}: missing (a Marian directory holds source.spm, target.spm and vocab.json)")
-    if run_dir.exists() and any(run_dir.iterdir()) and not force:
-        raise UserError(f"{run_dir}: already exists and is not empty; use --force to overwrite")
+    check_output_dir(run_dir, force, [src_dir], "imported")
     tok_cfg = _read_json(src_dir / "tokenizer_config.json") if (src_dir / "tokenizer_config.json").is_file() else {}
     unk_piece = tok_cfg.get("unk_token", "<unk>") if isinstance(tok_cfg, dict) else "<unk>"
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
@@ -206,6 +226,8 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     for path, vocab in ((src_dir / "vocab.json", src_vocab), (tgt_path, tgt_vocab)):
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
+    _check_pieces(src_dir / "source.spm", src_vocab, src_dir / "vocab.json")
+    _check_pieces(src_dir / "target.spm", tgt_vocab, tgt_path)
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
     src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / "vocab.json")
@@ -257,23 +279,21 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
                             f"{tuple(expected[name].shape)}")
     model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True)
 
-    if run_dir.exists() and force:
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     src_spm, src_file = VOCAB_FILES["source"]
     tgt_spm, tgt_file = VOCAB_FILES["target"]
-    for name in (src_spm, tgt_spm):
-        shutil.copyfile(src_dir / name, run_dir / name)
-    pieces = {i: p for p, i in src_vocab.items()}
-    src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
-    atomic_write_text(run_dir / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
-    if not shared:
-        pieces = {i: p for p, i in tgt_vocab.items()}
-        tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
-        atomic_write_text(run_dir / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
-    save_config(config, run_dir / "config.yaml")
-    meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
-    save_checkpoint(run_dir / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
+    with replacing_output(run_dir) as out:  # the old run stays until the new one is complete
+        for name in (src_spm, tgt_spm):
+            shutil.copyfile(src_dir / name, out / name)
+        pieces = {i: p for p, i in src_vocab.items()}
+        src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
+        atomic_write_text(out / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
+        if not shared:
+            pieces = {i: p for p, i in tgt_vocab.items()}
+            tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
+            atomic_write_text(out / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
+        save_config(config, out / "config.yaml")
+        meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
+        save_checkpoint(out / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
     return run_dir
 
 
@@ -357,20 +377,27 @@ def hf_config(model: Any) -> dict[str, Any]:
 
 def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> Path:
     """Write a run (or checkpoint) as a MarianMTModel + MarianTokenizer directory; returns it."""
-    from safetensors.torch import save_file
-
-    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
-    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text, load_checkpoint, load_run_tokenizers
+    from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
 
     model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
-    joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
     problems = export_problems(model)
     if problems:
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
-    if output_dir.exists() and any(output_dir.iterdir()) and not force:
-        raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
+    check_output_dir(output_dir, force, [resolve_checkpoint(model_path)[1], run_dir], "exported")
     src_tok, tgt_tok = load_run_tokenizers(model_path, run_dir, config, meta)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete
+        _write_hf(out, model, config, run_dir, src_tok, tgt_tok)
+    return output_dir
+
+
+def _write_hf(output_dir: Path, model: Any, config: Any, run_dir: Path, src_tok: Any, tgt_tok: Any) -> None:
+    """The files of `export_hf` written into `output_dir`."""
+    from safetensors.torch import save_file
+
+    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
+    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text
+
+    joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
     if vocabulary == "file":
         spm_files = [run_dir / VOCAB_FILES["source"][0], run_dir / VOCAB_FILES["target"][0]]
     else:
@@ -394,4 +421,3 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     atomic_write_text(output_dir / "config.json", json.dumps(hf_config(model), indent=1))
     weights = hf_weights(model)
     atomic_write(output_dir / "model.safetensors", lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
-    return output_dir

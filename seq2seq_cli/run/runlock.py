@@ -120,6 +120,25 @@ def hold(run_dir: Path, command: str) -> Iterator[None]:
         release(lock_path)
 
 
+def holder(run_dir: Path) -> str | None:
+    """Who holds the lock of `run_dir` in another process ("pid N (COMMAND, since ...)"), or
+    None when no process does; the lock is only tested, not kept."""
+    lock_path = Path(run_dir) / LOCK_NAME
+    if not lock_path.is_file() or lock_path.resolve() in _held:
+        return None
+    try:
+        f = open(lock_path, encoding="utf-8")  # noqa: SIM115 (closed below, after the test)
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe_holder(lock_path)
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return None
+
+
 def command_line() -> str:
     """This process's command, as shown to a second command that finds the run locked."""
     name = Path(sys.argv[0]).name if sys.argv else "python"
