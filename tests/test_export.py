@@ -1,4 +1,6 @@
-"""CTranslate2 export: the exported model's beam search output equals ours token for token."""
+"""CTranslate2 export: the exported model's beam search output equals ours up to ties of
+float32 rounding, and scores each token as ours does; the output directory is replaced as a
+whole or not at all."""
 
 from pathlib import Path
 
