@@ -287,7 +287,7 @@ OUTPUT_CASES = {"output-holds-input", "output-in-use", "output-symlink", "output
 def test_import_onto_its_own_source_or_a_parent_keeps_the_source(tmp_path, spm_model):
     src = marian_dir(tmp_path, spm_model, True, "relu")
     before = snapshot(tmp_path)
-    for target in (src, tmp_path, src / "."):
+    for target in (src, tmp_path):
         line = _error_line(runner.invoke(app, ["import", str(src), str(target), "--force"]))
         assert line == f"error: {target}: holds the model being imported ({src.resolve()}); write into another directory"
     assert snapshot(tmp_path) == before
