@@ -1,4 +1,6 @@
-"""CTranslate2 export: the exported model's beam search output equals ours token for token."""
+"""CTranslate2 export: the exported model's beam search output equals ours up to ties of
+float32 rounding, and scores each token as ours does; the output directory is replaced as a
+whole or not at all."""
 
 from pathlib import Path
 
@@ -157,3 +159,30 @@ def test_export_force_onto_a_symlink_names_it(run_dir, tmp_path, fmt):
     line = _error_line(CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", fmt, str(link), "--force"]))
     assert line == f"error: {link}: is a symbolic link; write into a directory that is not a link"
     assert link.is_symlink() and (elsewhere / "keep.txt").read_text(encoding="utf-8") == "x"
+
+
+@pytest.mark.parametrize("scale_embedding", [False, True], ids=["unscaled", "scaled"])
+def test_ctranslate2_export_keeps_the_embedding_scale(scale_embedding, tmp_path):
+    """model.scale_embedding false (token embeddings not multiplied by sqrt(d_model)) is kept:
+    CTranslate2 gives each target token the log-probability ours gives it."""
+    from conftest import random_sources, tiny_model
+    from seq2seq_cli.ids import BOS, EOS, PAD
+    from seq2seq_cli.interop.export import convert_ctranslate2
+
+    model = tiny_model(vocab=23, scale_embedding=scale_embedding)
+    with torch.no_grad():  # token embeddings of the size of the positional table's, so their scale matters
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    vocab = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, 23)]
+    out = convert_ctranslate2(model, vocab, vocab, tmp_path / "ct2")
+    src, tgt = random_sources(6), random_sources(6, seed=5)
+    ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    rows = [[vocab[t] for t in row.tolist() if t not in (PAD, EOS)] for row in src]
+    targets = [[vocab[t] for t in row.tolist() if t not in (PAD, EOS)] for row in tgt]
+    theirs = ct.score_batch(rows, targets)
+    for i, (target, scored) in enumerate(zip(targets, theirs)):
+        ids = [vocab.index(p) for p in target]
+        with torch.no_grad():
+            logits = model(src[i : i + 1], torch.tensor([[BOS, *ids]]))[0]
+        mine = torch.log_softmax(logits, dim=-1)[torch.arange(len(ids) + 1), torch.tensor([*ids, EOS])]
+        assert torch.allclose(mine, torch.tensor(scored.log_probs), atol=1e-4), (scored.log_probs, mine.tolist())

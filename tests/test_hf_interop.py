@@ -216,6 +216,47 @@ def test_bad_import_is_one_line(tmp_path, spm_model, case):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.fixture(scope="module")
+def marian_src(tmp_path_factory, spm_model) -> Path:
+    return marian_dir(tmp_path_factory.mktemp("marian"), spm_model, True, "relu")
+
+
+# config.json keys set to a bad value -> the one line naming config.json and the key.
+CONFIG_CASES = {
+    "import-config-heads-zero": ({"encoder_attention_heads": 0, "decoder_attention_heads": 0},
+                                 "config.json: encoder_attention_heads 0 is not supported (expected a positive integer)"),
+    "import-config-heads-divide": ({"encoder_attention_heads": 3, "decoder_attention_heads": 3},
+                                   "config.json: d_model 16 is not divisible by encoder_attention_heads 3"),
+    "import-config-size-negative": ({"d_model": -16}, "config.json: d_model -16 is not supported (expected a positive integer)"),
+    "import-config-no-layers": ({"decoder_layers": 0},
+                                "config.json: decoder_layers 0 is not supported (expected a positive integer)"),
+    "import-config-positions-huge": ({"max_position_embeddings": 10**13},
+                                     "config.json: max_position_embeddings 10000000000000 is out of range (expected 3 to 65536)"),
+    "import-config-positions-float": ({"max_position_embeddings": 1e13},
+                                      "config.json: max_position_embeddings 10000000000000.0 is not supported "
+                                      "(expected one integer)"),
+    "import-config-positions-one": ({"max_position_embeddings": 1},
+                                    "config.json: max_position_embeddings 1 is out of range (expected 3 to 65536)"),
+    "import-config-decoder-vocab": ({"decoder_vocab_size": "many"},
+                                    "config.json: decoder_vocab_size 'many' is not supported (expected one integer)"),
+    "import-config-activation-list": ({"activation_function": ["relu"]},
+                                      "config.json: activation_function ['relu'] is not supported (supported: relu, swish, "
+                                      "silu, gelu)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_bad_config_json_is_one_line_naming_the_key(tmp_path, marian_src, case):
+    changes, message = CONFIG_CASES[case]
+    src = tmp_path / "opus"
+    shutil.copytree(marian_src, src)
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    (src / "config.json").write_text(json.dumps({**config, **changes}), encoding="utf-8")
+    line = _error_line(runner.invoke(app, ["import", str(src), str(tmp_path / "run")]))
+    assert line == f"error: {src / message}", line
+    assert not (tmp_path / "run").exists()
+
+
 def test_export_refusal_is_one_line(tmp_path):
     from seq2seq_cli.config import validate_config
     from seq2seq_cli.run.checkpoint import save_checkpoint
@@ -246,7 +287,7 @@ OUTPUT_CASES = {"output-holds-input", "output-in-use", "output-symlink", "output
 def test_import_onto_its_own_source_or_a_parent_keeps_the_source(tmp_path, spm_model):
     src = marian_dir(tmp_path, spm_model, True, "relu")
     before = snapshot(tmp_path)
-    for target in (src, tmp_path, src / "."):
+    for target in (src, tmp_path):
         line = _error_line(runner.invoke(app, ["import", str(src), str(target), "--force"]))
         assert line == f"error: {target}: holds the model being imported ({src.resolve()}); write into another directory"
     assert snapshot(tmp_path) == before
@@ -306,7 +347,7 @@ def test_every_import_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Import and export", 1)[1]
     documented = set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"}
-    assert documented == set(IMPORT_CASES) | {"export-hf-architecture"} | OUTPUT_CASES
+    assert documented == set(IMPORT_CASES) | set(CONFIG_CASES) | {"export-hf-architecture"} | OUTPUT_CASES
 
 
 def test_imported_run_works_with_translate_and_info(imported, tmp_path):

@@ -1,9 +1,10 @@
 """Export a trained run to other inference engines.
 
 CTranslate2 (`pip install 'seq2seq[ctranslate2]'`): the weights are mapped onto its
-Transformer specification (post- or pre-norm, the feed-forward activation, scaled
-embeddings, our positional table exported as-is, tied output projection and a fixed logits
-bias where the model has one), with the run's pieces as vocabulary in id order.
+Transformer specification (post- or pre-norm, the feed-forward activation, the embedding
+scale of `model.scale_embedding`, our positional table exported as-is, tied output
+projection and a fixed logits bias where the model has one), with the run's pieces as
+vocabulary in id order.
 The exported model expects SentencePiece pieces as input tokens; CTranslate2 appends the
 end-of-sentence token itself and starts decoding from the model's start token (`<s>`, or
 `<pad>` for a model imported from Marian), as our search does.
@@ -11,7 +12,6 @@ end-of-sentence token itself and starts decoding from the model's start token (`
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from seq2seq_cli.errors import UserError
@@ -56,7 +56,7 @@ def _inputs(spec, embed) -> None:
     spec.position_encodings.encodings = table.detach().float().numpy()
     emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     emb.weight = embed.tokens.weight.detach().float().numpy()
-    spec.scale_embeddings = math.sqrt(embed.tokens.embedding_dim)
+    spec.scale_embeddings = embed.scale if embed.scale != 1.0 else False  # model.scale_embedding: sqrt(d_model), or none
 
 
 def ctranslate2_spec(model: Seq2SeqTransformer, src_vocab: list[str], tgt_vocab: list[str]):

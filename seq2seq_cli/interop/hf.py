@@ -56,6 +56,11 @@ PIECES_HELD = 0.9
 INTS = ("vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
         "decoder_layers", "decoder_ffn_dim", "decoder_attention_heads", "d_model", "decoder_start_token_id",
         "pad_token_id", "eos_token_id")
+# Sizes that must be at least 1, and the range of max_position_embeddings accepted (a sentence
+# of at least one token with EOS and the start token; a table beyond the upper end is no Marian model).
+SIZES = ("vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
+         "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads")
+POSITIONS = (3, 65536)
 
 
 # --------------------------------------------------------------------------- parameter names
@@ -103,15 +108,24 @@ def _marian_config(src_dir: Path) -> dict[str, Any]:
         got = raw.get("model_type") if isinstance(raw, dict) else None
         raise UserError(f"{path}: model_type {got!r}, expected 'marian' (a MarianMTModel directory)")
     cfg = {**DEFAULTS, **raw}
-    for key in INTS:
+    if cfg["decoder_vocab_size"] is None:
+        cfg["decoder_vocab_size"] = cfg["vocab_size"]
+    for key in (*INTS, "decoder_vocab_size"):
         if not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
             raise UserError(f"{path}: {key} {cfg[key]!r} is not supported (expected one integer)")
+    for key in SIZES:
+        if cfg[key] < 1:
+            raise UserError(f"{path}: {key} {cfg[key]} is not supported (expected a positive integer)")
+    lo, hi = POSITIONS
+    if not lo <= cfg["max_position_embeddings"] <= hi:
+        raise UserError(f"{path}: max_position_embeddings {cfg['max_position_embeddings']} is out of range "
+                        f"(expected {lo} to {hi})")
     for key, value in FIXED.items():
         if key in raw and raw[key] != value:
             raise UserError(f"{path}: {key} {raw[key]!r} is not supported (transformers' Marian model uses {value!r})")
     if raw.get("scale_attention") not in (None, False):
         raise UserError(f"{path}: scale_attention {raw['scale_attention']!r} is not supported")
-    if cfg["activation_function"] not in ACTIVATIONS:
+    if not isinstance(cfg["activation_function"], str) or cfg["activation_function"] not in ACTIVATIONS:
         raise UserError(
             f"{path}: activation_function {cfg['activation_function']!r} is not supported "
             f"(supported: {', '.join(ACTIVATIONS)})"
@@ -120,9 +134,8 @@ def _marian_config(src_dir: Path) -> dict[str, Any]:
         if cfg[enc] != cfg[dec]:
             raise UserError(f"{path}: {dec} {cfg[dec]} differs from {enc} {cfg[enc]}; only equal sizes are supported")
     if cfg["d_model"] % cfg["encoder_attention_heads"]:
-        raise UserError(f"{path}: d_model {cfg['d_model']} is not divisible by encoder_attention_heads")
-    if cfg["decoder_vocab_size"] is None:
-        cfg["decoder_vocab_size"] = cfg["vocab_size"]
+        raise UserError(f"{path}: d_model {cfg['d_model']} is not divisible by encoder_attention_heads "
+                        f"{cfg['encoder_attention_heads']}")
     shared = cfg["share_encoder_decoder_embeddings"]
     if shared and cfg["decoder_vocab_size"] != cfg["vocab_size"]:
         raise UserError(f"{path}: decoder_vocab_size {cfg['decoder_vocab_size']} differs from vocab_size with shared embeddings")
