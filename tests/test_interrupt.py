@@ -124,7 +124,7 @@ def test_signals_at_random_moments_resume_exactly(reference, tmp_path, seed):
     rng = random.Random(seed)
     cfg = make_config(tmp_path, "run", **SETTINGS)
     run = tmp_path / "run"
-    for attempt in range(3):
+    for _ in range(3):
         resume = (run / "checkpoints" / "last.json").is_file()
         timer = threading.Timer(rng.uniform(0.5, 8.0), os.kill, (os.getpid(), rng.choice([signal.SIGINT, signal.SIGTERM])))
         timer.start()
