@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,23 @@ import yaml
 from helpers import REPO, SHIPPED
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
+
+SLOW_ENV = "SEQ2SEQ_SLOW"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help=f"also run the tests marked slow (or set {SLOW_ENV}=1)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` are skipped unless --runslow or SEQ2SEQ_SLOW=1 asks for them."""
+    if config.getoption("--runslow") or os.environ.get(SLOW_ENV, "") not in ("", "0"):
+        return
+    skip = pytest.mark.skip(reason=f"slow: run with --runslow or {SLOW_ENV}=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def tiny_model(seed: int = 0, vocab: int = 23, **overrides) -> Seq2SeqTransformer:

@@ -53,8 +53,9 @@ def assert_same(a: Path, b: Path) -> None:
     wa, wb = weights(a), weights(b)
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ"
-    assert train_records(a) == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]}
-                                for r, x in zip(train_records(b), train_records(a))]
+    ra, rb = train_records(a), train_records(b)
+    assert len(ra) == len(rb), f"{len(ra)} training records against {len(rb)}"
+    assert ra == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]} for r, x in zip(rb, ra, strict=True)]
 
 
 def sequence_log_prob(model: Seq2SeqTransformer, src_row: torch.Tensor, tokens: list[int]) -> float:

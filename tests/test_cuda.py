@@ -93,7 +93,7 @@ def assert_same_ties_aside(cpu_model: Seq2SeqTransformer, src: torch.Tensor, wan
     where the CPU model scores the two within TIE: for greedy search, the two tokens where the
     outputs part; for beam search, the two whole hypotheses. Most sentences must be identical."""
     identical = 0
-    for row, a, b in zip(src, want, got):
+    for row, a, b in zip(src, want, got, strict=True):
         row = row[row != PAD]
         if a.tokens == b.tokens:
             identical += 1

@@ -4,6 +4,7 @@ for the memory there is, a disk that fills up while a checkpoint or the metrics 
 from __future__ import annotations
 
 import errno
+
 import pytest
 from safetensors import SafetensorError
 from typer.testing import CliRunner
@@ -33,11 +34,13 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_allocated(tmp_path
 
 
 def full_disk_safetensors(*args, **kwargs):
-    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+    raise SafetensorError("Error while serializing: "
+                          'IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
 
 
 def full_disk_torch_save(*args, **kwargs):
-    raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data/0: file write failed")
+    raise RuntimeError("[enforce fail at inline_container.cc:778] . "
+                       "PytorchStreamWriter failed writing file data/0: file write failed")
 
 
 @pytest.mark.parametrize(("owner", "name", "writer", "suffix"), [
@@ -56,7 +59,8 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_file(tmp_pa
 
 def test_other_write_errors_keep_their_text(tmp_path):
     err = ckpt.write_error(RuntimeError("unexpected pos 64 vs 0"), str(tmp_path / "x"))
-    assert (err.errno, err.strerror, err.filename) == (errno.EIO, "could not be written (unexpected pos 64 vs 0)", str(tmp_path / "x"))
+    expected = (errno.EIO, "could not be written (unexpected pos 64 vs 0)", str(tmp_path / "x"))
+    assert (err.errno, err.strerror, err.filename) == expected
 
 
 def test_a_full_disk_while_metrics_are_written_names_the_file(tmp_path):

@@ -244,7 +244,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
     """SIGINT and SIGTERM set the yielded `StopRequest` instead of interrupting (in the main
     thread; elsewhere signals keep their handlers and the request is never set)."""
     stop = StopRequest()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(signum, stop)
@@ -253,8 +253,8 @@ def stop_on_signals() -> Iterator[StopRequest]:
     try:
         yield stop
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def rng_state() -> dict[str, Any]:

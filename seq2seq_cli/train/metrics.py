@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +29,9 @@ class MetricsLog:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is a dependency; a broken install only loses the events
-                pass
+            except ImportError as exc:  # tensorboard is a dependency; a broken install only loses the events
+                warn_once(f"warning: train.tensorboard is on but TensorBoard cannot be imported ({exc}); "
+                          f"no events are written to {run_dir / 'tensorboard'} (metrics.jsonl has every record)")
             else:
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
 
@@ -50,23 +53,48 @@ class MetricsLog:
             self.writer.close()
 
 
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Print a warning line on stderr, once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        print(message, file=sys.stderr)
+
+
+def metrics_lines(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
+    """(line number, line, its record or None where the line is not a JSON object: torn by a
+    crash, or edited by hand) for each line of a metrics.jsonl."""
+    if not path.is_file():
+        return
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        yield number, line, record if isinstance(record, dict) else None
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl, skipping a line torn by a crash."""
+    """The records of a metrics.jsonl; a line that is not one (torn by a crash, edited) is
+    skipped with a warning naming it (once)."""
     records = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
+    for number, line, record in metrics_lines(path):
+        if record is None:
+            if line.strip():
+                warn_once(f"warning: {path}:{number}: not a JSON record; skipped")
+            continue
+        records.append(record)
     return records
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step` (a resumed run recomputes them) and a line torn by a crash."""
+    """Drop records after `step` (a resumed run recomputes them). A line that is not a record
+    is kept as it is (ended by a newline, so records appended after a torn line stay whole)."""
     if path.is_file():
-        keep = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+        keep = [line for _, line, record in metrics_lines(path) if record is None or record.get("step", 0) <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
