@@ -197,3 +197,36 @@ def test_evaluate_refuses_an_nbest_file_against_one_reference_per_line(run, tmp_
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref)])
     one_error_line(r, f"{hyp} has 4 lines but {ref} has 2; they must be aligned")
+
+
+# --------------------------------------------------------------------------- sampling seeds
+
+
+def test_copies_of_a_line_get_different_samples(run):
+    args = ["translate", "-m", str(run), "--sampling", "--seed", "3", "--max-len-a", "0", "--max-len-b", "8"]
+    r = runner.invoke(app, args, input="hola amigo\n" * 40)
+    assert r.exit_code == 0, r.output
+    rows = r.stdout.splitlines()
+    assert len(rows) == 40 and len(set(rows)) >= 20
+
+
+def test_samples_do_not_depend_on_batches_chunks_or_threads(run, sentences):
+    import torch
+
+    from seq2seq_cli.decode.translate import OutputOptions, Translator
+
+    lines = sentences[:6] * 2
+    settings = {"sampling": True, "seed": 5, "max_len_a": 0, "max_len_b": 8}
+    outputs = []
+    threads = torch.get_num_threads()
+    try:
+        for batch_tokens, chunk_lines, n_threads in ((100000, 10000, 1), (8, 5, 1), (30, 7, 2)):
+            torch.set_num_threads(n_threads)
+            tr = Translator.load(run, "cpu", {**settings, "batch_tokens": batch_tokens})
+            outputs.append(list(tr.translate_stream(lines, OutputOptions(nbest=2), chunk_lines=chunk_lines)))
+    finally:
+        torch.set_num_threads(threads)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert len(outputs[0]) == 24 and outputs[0][:12] != outputs[0][12:]  # the copies got samples of their own
+    tr = Translator.load(run, "cpu", {**settings, "seed": 6})
+    assert list(tr.translate_stream(lines, OutputOptions(nbest=2))) != outputs[0]

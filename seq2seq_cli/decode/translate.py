@@ -116,12 +116,14 @@ class Translator:
         return [s[: limit - 1] + [EOS] for s in encoded]
 
     def translate_hypotheses(
-        self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None
+        self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None,
+        first_line: int = 0,
     ) -> list[list[Hypothesis]]:
         """Decode a list of sentences -> their n-best hypotheses, in input order.
 
         `ids` are the lines already encoded (`encode`); `progress` advances by the sentences of
-        each decoded batch (blank lines, which are not decoded, at once)."""
+        each decoded batch (blank lines, which are not decoded, at once); `first_line` is the
+        line number (from 0) of `lines[0]` in the whole input, which seeds sampling."""
         d = self.decode
         if not d.sampling and nbest > d.beam_size:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
@@ -136,7 +138,7 @@ class Translator:
 
         def decode(rows: list[int]) -> None:
             src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-            for i, hyps in zip(rows, search(self.model, src, d, nbest)):
+            for i, hyps in zip(rows, search(self.model, src, d, nbest, lines=[first_line + i for i in rows])):
                 out[i] = hyps
             if progress is not None:
                 progress.update(len(rows))
@@ -221,7 +223,7 @@ class Translator:
             ids = self.encode(chunk, cut_here)
             if cut is not None:
                 cut.extend(done + i + 1 for i in cut_here)
-            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress)):
+            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress, first_line=done)):
                 yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
             done += len(chunk)
 
