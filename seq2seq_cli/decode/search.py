@@ -54,11 +54,20 @@ def length_penalty(length: int, alpha: float, kind: str) -> float:
     return float(length) ** alpha
 
 
+def max_source_subwords(model: Seq2SeqTransformer) -> int:
+    """The most source subwords (EOS not counted) a sentence is decoded from; longer ones are
+    cut to this many (`Translator.encode`)."""
+    return model.cfg.max_positions - 2
+
+
 def max_lengths(src: Tensor, model: Seq2SeqTransformer, a: float, b: int) -> Tensor:
-    """src: (B, S) -> (B,) output length limits a*|x|+b, capped by the model's positions."""
-    src_len = (src != PAD).sum(dim=1).float()
-    limit = (a * src_len + b).floor().long()
-    return limit.clamp(min=0, max=model.cfg.max_positions - 2)
+    """src: (B, S) -> (B,) output length limits a*|x|+b (|x| counting EOS), capped by the
+    model's positions (the longest source `max_source_subwords` allows). The one place
+    output limits are computed: in float64 and capped before they become integers, so no
+    setting overflows."""
+    src_len = (src != PAD).sum(dim=1).double()
+    limit = (a * src_len + float(b)).clamp(min=0, max=max_source_subwords(model)).floor()
+    return limit.long()
 
 
 def banned_ngram_tokens(history: list[list[int]], n: int) -> list[list[int]]:
