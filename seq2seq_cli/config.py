@@ -217,19 +217,19 @@ class TrainConfig(Section):
 
 
 class DecodeConfig(Section):
-    beam_size: int = Field(5, ge=1, description="1 = greedy search")
-    length_penalty: float = Field(1.0, description="alpha of the length penalty")
+    beam_size: int = Field(5, ge=1, description="1 = greedy search (at most the target vocabulary size)")
+    length_penalty: float = Field(1.0, ge=-10.0, le=10.0, allow_inf_nan=False, description="alpha of the length penalty")
     length_penalty_type: Literal["average", "gnmt"] = Field(
         "average", description="average: score / len**alpha; gnmt: score / ((5 + len) / 6)**alpha"
     )
-    max_len_a: float = Field(1.2, ge=0, description="output length limit a*source_len + b")
-    max_len_b: int = Field(10, ge=0)
-    min_len: int = Field(0, ge=0, description="no EOS before this many output tokens")
+    max_len_a: float = Field(1.2, ge=0, le=1000.0, allow_inf_nan=False, description="output length limit a*source_len + b")
+    max_len_b: int = Field(10, ge=0, le=1_000_000)
+    min_len: int = Field(0, ge=0, le=1_000_000, description="no EOS before this many output tokens")
     no_repeat_ngram_size: int = Field(0, ge=0, description="never repeat an n-gram of this size; 0 = off")
     ban_unk: bool = Field(False, description="never produce the unknown token")
     replace_unk: bool = Field(False, description="replace unknown tokens by the most attended source piece")
     sampling: bool = Field(False, description="sample instead of searching")
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, ge=0.001, le=1000.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0, description="sample from the k most likely tokens; 0 = all")
     top_p: float = Field(1.0, gt=0, le=1.0, description="sample from the smallest set with this much probability")
     seed: int = Field(0, description="seed for sampling")

@@ -197,3 +197,316 @@ def test_evaluate_refuses_an_nbest_file_against_one_reference_per_line(run, tmp_
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref)])
     one_error_line(r, f"{hyp} has 4 lines but {ref} has 2; they must be aligned")
+
+
+# --------------------------------------------------------------------------- sampling seeds
+
+
+def test_copies_of_a_line_get_different_samples(run):
+    args = ["translate", "-m", str(run), "--sampling", "--seed", "3", "--max-len-a", "0", "--max-len-b", "8"]
+    r = runner.invoke(app, args, input="hola amigo\n" * 40)
+    assert r.exit_code == 0, r.output
+    rows = r.stdout.splitlines()
+    assert len(rows) == 40 and len(set(rows)) >= 20
+
+
+def test_samples_do_not_depend_on_batches_chunks_or_threads(run, sentences):
+    import torch
+
+    from seq2seq_cli.decode.translate import OutputOptions, Translator
+
+    lines = sentences[:6] * 2
+    settings = {"sampling": True, "seed": 5, "max_len_a": 0, "max_len_b": 8}
+    outputs = []
+    threads = torch.get_num_threads()
+    try:
+        for batch_tokens, chunk_lines, n_threads in ((100000, 10000, 1), (8, 5, 1), (30, 7, 2)):
+            torch.set_num_threads(n_threads)
+            tr = Translator.load(run, "cpu", {**settings, "batch_tokens": batch_tokens})
+            outputs.append(list(tr.translate_stream(lines, OutputOptions(nbest=2), chunk_lines=chunk_lines)))
+    finally:
+        torch.set_num_threads(threads)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert len(outputs[0]) == 24 and outputs[0][:12] != outputs[0][12:]  # the copies got samples of their own
+    tr = Translator.load(run, "cpu", {**settings, "seed": 6})
+    assert list(tr.translate_stream(lines, OutputOptions(nbest=2))) != outputs[0]
+
+
+# --------------------------------------------------------------------------- stdin answered as it arrives
+
+
+def read_line_within(stream, seconds: float) -> str:
+    """The next line of a pipe, or AssertionError when none comes within `seconds`."""
+    import select
+
+    deadline = time.monotonic() + seconds
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([stream], [], [], left)[0], f"no line within {seconds} s (got {line!r})"
+        byte = os.read(stream.fileno(), 1)
+        assert byte, f"output ended (got {line!r})"
+        line += byte
+    return line.decode("utf-8")
+
+
+def test_a_pipe_is_answered_line_by_line_before_its_end(run):
+    """A program writes a line and waits for its translation before writing the next."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seq2seq_cli", "translate", "-m", str(run), "--device", "cpu"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=subprocess_env(),
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        answers = []
+        for line in ("hola", "adiós amigo", ""):
+            proc.stdin.write(line.encode("utf-8") + b"\n")
+            proc.stdin.flush()
+            answers.append(read_line_within(proc.stdout, 240 if not answers else 60))
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        assert answers[2] == "\n" and proc.stdout.read() == b""
+    finally:
+        proc.kill()
+        proc.wait()
+    one = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu"], input="hola\nadiós amigo\n\n")
+    assert one.stdout.splitlines() == [a.rstrip("\n") for a in answers]
+
+
+# --------------------------------------------------------------------------- option ranges and stdin bytes
+
+
+@pytest.mark.parametrize("data, line, offset", [(b"hola\n\xff\xfe\n", 2, 0), (b"hola\nad\xc3i\xc3\xb3s\n", 2, 2)])
+def test_invalid_utf8_on_stdin_names_stdin_and_the_line(run, data, line, offset):
+    r = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu"], input=data)
+    one_error_line(r, f"<stdin>:{line}: invalid UTF-8 at byte {offset} of the line")
+
+
+def test_invalid_utf8_on_a_real_pipe_names_stdin_and_the_line(run):
+    proc = subprocess.run([sys.executable, "-m", "seq2seq_cli", "translate", "-m", str(run), "--device", "cpu"],
+                          input=b"hola\n\xff\n", capture_output=True, env=subprocess_env(), timeout=300)
+    assert proc.returncode == 1 and b"Traceback" not in proc.stderr
+    last = proc.stderr.decode().strip().splitlines()[-1]
+    assert last == "error: <stdin>:2: invalid UTF-8 at byte 0 of the line (invalid start byte)"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--sampling", "--temperature", "1e-45"], ["--sampling", "--temperature", "inf"], ["--sampling", "--temperature", "nan"],
+    ["--max-len-b", "100000000000000000000"], ["--max-len-a", "1e30"], ["--max-len-a", "inf"],
+    ["--length-penalty", "-1e308"], ["--length-penalty", "inf"], ["--beam-size", "301"],
+])
+def test_out_of_range_decoding_options_are_refused_up_front(run, flags):
+    r = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu", *flags], input="hola\n")
+    one_error_line(r, flags[-2])
+    assert r.stdout == ""
+
+
+def test_the_run_config_beam_size_above_the_vocabulary_names_the_config(run, monkeypatch):
+    from seq2seq_cli.decode import translate as module
+    from seq2seq_cli.errors import UserError
+
+    real = module.load_checkpoint
+
+    def with_beam(*args, **kwargs):
+        model, config, run_dir, meta = real(*args, **kwargs)
+        decode = config.decode.model_copy(update={"beam_size": 500})
+        return model, config.model_copy(update={"decode": decode}), run_dir, meta
+
+    monkeypatch.setattr(module, "load_checkpoint", with_beam)
+    with pytest.raises(UserError, match=r"^decode.beam_size \(the run's config\) 500: larger than the target vocabulary"):
+        module.Translator.load(run, "cpu")
+
+
+# --------------------------------------------------------------------------- evaluate and scores
+
+
+def test_evaluate_ignores_a_byte_order_mark(tmp_path):
+    hyp, bom, ref = tmp_path / "hyp.en", tmp_path / "bom.en", tmp_path / "ref.en"
+    hyp.write_text("the cat sat on the mat\ngood morning\n", encoding="utf-8")
+    bom.write_text("\ufeffthe cat sat on the mat\ngood morning\n", encoding="utf-8")
+    ref.write_text("\ufeffthe cat sat on the mat\ngood morning\n", encoding="utf-8")
+    plain = runner.invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json"])
+    marked = runner.invoke(app, ["evaluate", "--hyp", str(bom), "--ref", str(ref), "--json"])
+    assert plain.exit_code == marked.exit_code == 0, plain.output + marked.output
+    assert plain.stdout == marked.stdout and '"bleu": 100.0' in plain.stdout
+
+
+def test_evaluate_hyp_with_an_output_is_refused(tmp_path):
+    hyp, ref, out = tmp_path / "hyp.en", tmp_path / "ref.en", tmp_path / "x.en"
+    hyp.write_text("hello\n", encoding="utf-8")
+    ref.write_text("hello\n", encoding="utf-8")
+    r = runner.invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "-o", str(out)])
+    one_error_line(r, f"-o {out}: --output writes the translations of --src; with --hyp {hyp} there is nothing to translate")
+    assert not out.exists()
+
+
+def test_a_blank_line_is_scored_as_the_empty_translation(run):
+    import torch
+
+    from helpers import sequence_log_prob
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.ids import EOS
+
+    r = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu", "--scores", "--beam-size", "2", "--nbest", "2"],
+                      input="hola\n\n")
+    assert r.exit_code == 0, r.output
+    rows = r.stdout.splitlines()
+    assert len(rows) == 4
+    assert rows[2].split("\t")[0] == "" and rows[3] == "\t-inf"
+    tr = Translator.load(run, "cpu")
+    expected = sequence_log_prob(tr.model, torch.tensor([EOS]), [])  # log P(EOS | empty source), lp(1) = 1
+    assert float(rows[2].split("\t")[1]) == pytest.approx(expected, abs=1e-4) and expected < 0
+
+
+# --------------------------------------------------------------------------- plots and signals
+
+
+def test_attention_plots_onto_a_file_fails_before_decoding(run, tmp_path, monkeypatch):
+    from seq2seq_cli.decode import translate as module
+
+    taken = tmp_path / "plots"
+    taken.write_text("not a directory\n", encoding="utf-8")
+    monkeypatch.setattr(module, "search", lambda *a, **k: pytest.fail("decoded before checking --attention-plots"))
+    r = runner.invoke(app, ["translate", "-m", str(run), "--attention-plots", str(taken)], input="hola\n")
+    one_error_line(r, f"{taken}: --attention-plots names a directory to write one PNG per sentence into; this is a file")
+    r = runner.invoke(app, ["translate", "-m", str(run), "--attention-plots", str(taken / "sub")], input="hola\n")
+    one_error_line(r, f"{taken / 'sub'}: cannot create the --attention-plots directory")
+
+
+@pytest.mark.parametrize("from_file", [True, False])
+def test_many_attention_plots_are_warned_about(run, tmp_path, monkeypatch, from_file):
+    from seq2seq_cli.decode import translate as module
+
+    drawn: list[Path] = []
+    monkeypatch.setattr(module, "PLOT_WARNING", 3)
+    monkeypatch.setattr(module, "plot_attention", lambda weights, src, tgt, path: drawn.append(path))
+    src = tmp_path / "in.es"
+    src.write_text("hola\nadiós\nsí\nno\n", encoding="utf-8")
+    args = ["translate", "-m", str(run), "--attention-plots", str(tmp_path / "plots"), "--no-progress"]
+    few = runner.invoke(app, args, input="hola\nadiós\n")
+    assert few.exit_code == 0 and "warning" not in few.stderr
+    r = runner.invoke(app, [*args, "-i", str(src)] if from_file else args, input=None if from_file else src.read_text())
+    assert r.exit_code == 0, r.output
+    want = "4 sentences" if from_file else "more than 3 sentences"
+    assert r.stderr.count("warning: --attention-plots draws one PNG per sentence") == 1 and want in r.stderr
+    assert len(drawn) == 6
+
+
+def test_sigterm_while_writing_an_output_leaves_no_temporary_file(run, tmp_path, sentences):
+    src, out = tmp_path / "many.es", tmp_path / "out.en"
+    src.write_text("\n".join(sentences * 300) + "\n", encoding="utf-8")
+    out.write_text("earlier results\n", encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seq2seq_cli", "translate", "-m", str(run), "-i", str(src), "-o", str(out),
+         "--device", "cpu", "--batch-tokens", "64", "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env(),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list(tmp_path.glob(".out.en.*.tmp")):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no temporary output file appeared"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.es", "out.en"]
+    assert out.read_text(encoding="utf-8") == "earlier results\n"
+
+
+# --------------------------------------------------------------------------- unknown words and attention options
+
+
+def test_replace_unk_puts_the_most_attended_source_piece_in_place_of_unk(run):
+    import torch
+
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.ids import UNK
+
+    tr = Translator.load(run, "cpu", {"replace_unk": True})
+    line = "Jerusalén grande"
+    surfaces = [p.surface for p in tr.src_sp.encode(line, return_type="proto").pieces]
+    the = tr.tgt_sp.piece_to_id("\u2581the")
+    assert the != UNK
+    for i in range(len(surfaces)):
+        attention = torch.zeros(3, len(surfaces) + 1)  # rows: the, <unk>, EOS; columns: pieces, EOS
+        attention[1, i] = 1.0
+        assert tr.render([the, UNK], line, attention) == ("the" + surfaces[i]).strip()
+    plain = Translator.load(run, "cpu")
+    assert plain.render([the, UNK], line, attention) == tr.tgt_sp.decode([the, UNK])
+
+
+def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch):
+    from seq2seq_cli.decode import translate as module
+    from seq2seq_cli.decode.search import Hypothesis
+    from seq2seq_cli.ids import UNK
+
+    tr = module.Translator.load(run, "cpu", {"replace_unk": True, "beam_size": 1})
+    the = tr.tgt_sp.piece_to_id("\u2581the")
+    monkeypatch.setattr(module, "search", lambda model, src, opts, nbest=1, lines=None: [[Hypothesis([the, UNK], -1.0, -1.0)]
+                                                                                         for _ in range(src.size(0))])
+    line = "Jerusalén grande"
+    [row] = tr.translate_stream([line], module.OutputOptions())
+    ids = tr.encode([line])[0]
+    column = int(tr.cross_attention(ids, [the, UNK], -1, None)[1, : len(ids) - 1].argmax())
+    surfaces = [p.surface for p in tr.src_sp.encode(line, return_type="proto").pieces]
+    assert row == ("the" + surfaces[column]).strip() and "\u2047" not in row
+
+
+def test_attention_is_computed_only_for_hypotheses_that_use_it(run, sentences, monkeypatch):
+    from seq2seq_cli.decode.translate import OutputOptions, Translator
+
+    calls: list[int] = []
+    tr = Translator.load(run, "cpu", {"replace_unk": True, "ban_unk": True, "beam_size": 3})
+    real = tr.cross_attention
+    monkeypatch.setattr(tr, "cross_attention", lambda *a: calls.append(1) or real(*a))
+    rows = list(tr.translate_stream(sentences[:4], OutputOptions(nbest=3)))
+    assert len(rows) == 12 and calls == []  # no <unk> in any output: no extra attention pass
+    list(tr.translate_stream(sentences[:4], OutputOptions(nbest=3, attention_plots=None, alignment=True)))
+    assert len(calls) == 12
+
+
+def test_attention_layer_and_head_choose_the_weights(run, sentences):
+    import torch
+
+    from seq2seq_cli.decode.translate import OutputOptions, Translator
+
+    tr = Translator.load(run, "cpu", {"beam_size": 1})
+    ids = tr.encode(sentences[:1])[0]
+    tokens = tr.translate_hypotheses(sentences[:1])[0][0].tokens
+    heads = [tr.cross_attention(ids, tokens, -1, h) for h in range(tr.model.cfg.heads)]
+    assert torch.allclose(tr.cross_attention(ids, tokens, 0, None), torch.stack(heads).mean(dim=0), atol=1e-6)
+    assert not torch.allclose(heads[0], heads[1])
+    for h in range(tr.model.cfg.heads):
+        [row] = tr.translate_stream(sentences[:1], OutputOptions(alignment=True, attention_head=h))
+        pairs = [tuple(map(int, p.split("-"))) for p in row.split("\t")[1].split()]
+        assert [i for i, _ in pairs] == heads[h][: len(tokens), : len(ids) - 1].argmax(dim=1).tolist()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--attention-layer", "1"], "--attention-layer 1: the model has 1 decoder layers"),
+    (["--attention-layer", "-2"], "--attention-layer -2: the model has 1 decoder layers"),
+    (["--attention-head", "2"], "--attention-head 2: the model has 2 heads"),
+])
+def test_attention_layer_or_head_out_of_range_is_one_line(run, flags, message):
+    r = runner.invoke(app, ["translate", "-m", str(run), "--alignment", *flags], input="hola\n")
+    one_error_line(r, message)
+
+
+def test_one_function_owns_the_output_limit(run):
+    import torch
+
+    from seq2seq_cli.decode.search import max_lengths, max_source_subwords
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.ids import EOS, PAD
+
+    tr = Translator.load(run, "cpu")
+    cap = max_source_subwords(tr.model)
+    assert cap == tr.model.cfg.max_positions - 2
+    src = torch.tensor([[5, 6, EOS, PAD], [5, 6, 7, EOS]])
+    assert max_lengths(src, tr.model, 1000.0, 1_000_000).tolist() == [cap, cap]  # never overflows to 0
+    assert max_lengths(src, tr.model, 1.5, 1).tolist() == [5, 7]
+    long_line = " ".join(["Jerusalén"] * 400)
+    assert len(tr.encode([long_line])[0]) == cap + 1  # the source cut to the same cap, EOS added

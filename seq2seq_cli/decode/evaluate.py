@@ -41,6 +41,14 @@ def score(hyps: list[str], refs: list[str]) -> Scores:
     return Scores(b.score, c.score, b.format(signature=bsig), c.format(signature=csig), bsig, csig, len(hyps))
 
 
+def text_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, without the byte-order mark an editor may put first."""
+    lines = read_lines(path)
+    if lines:
+        lines[0] = lines[0].removeprefix("\ufeff")
+    return lines
+
+
 def evaluate(
     ref: Path,
     src: Path | None = None,
@@ -51,19 +59,22 @@ def evaluate(
     """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
     hypotheses to `output` when given). An `output` that is one of the inputs, or lies in the
     model's run directory, is refused before anything is translated."""
+    if output is not None and hyp is not None:
+        raise UserError(f"-o {output}: --output writes the translations of --src; with --hyp {hyp} there is nothing "
+                        "to translate (leave out -o)")
     if output is not None:
         inputs = {flag: path for flag, path in (("--ref", ref), ("--src", src), ("--hyp", hyp)) if path is not None}
         check_output(output, inputs, translator.run_dir if translator is not None else None, "the translations")
-    refs = read_lines(ref)
+    refs = text_lines(ref)
     if not refs:
         raise UserError(f"{ref}: empty file (expected one reference per line; nothing to score)")
     if hyp is not None:
-        hyps = read_lines(hyp)
+        hyps = text_lines(hyp)
         other = hyp
     else:
         if src is None or translator is None:
             raise UserError("evaluate needs --hyp FILE, or --model RUN with --src FILE")
-        sources = read_lines(src)
+        sources = text_lines(src)
         if len(sources) != len(refs):
             raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be aligned")
         hyps = translator.translate(sources)

@@ -4,14 +4,26 @@ An output file is refused when writing it would destroy something the command ne
 run holds: one of the command's inputs (the same path, a symbolic link to it or a hard
 link) or any path inside the run directory of the model (its tokenizer, config,
 checkpoints...). Outputs are checked before anything is translated.
+
+Stdin is read in bytes and answered as it arrives: each chunk holds the complete lines
+already there (at least one, at most a chunk's worth), so a program that writes a line and
+waits for its translation gets it, while a file redirected to stdin still goes in big chunks.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
+
+STDIN = "<stdin>"
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -35,3 +47,92 @@ def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, wh
         target = output.resolve()
         if target == run or run in target.parents:
             raise UserError(f"{output}: is inside the model's run directory {run_dir}; write {what} outside it")
+
+
+def decode_line(raw: bytes, number: int, name: str = STDIN) -> str:
+    """One line of bytes -> text without its newline; UserError naming `name` and the line."""
+    try:
+        return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
+
+
+def _readable_now(fd: int) -> bool:
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def stdin_chunks(stream: BinaryIO, chunk_lines: int) -> Iterator[list[str]]:
+    """The lines of `stream` (stdin's bytes) in chunks of those available now: each chunk
+    is yielded once no more input is waiting (or it holds `chunk_lines`). A stream without a
+    file descriptor is read in chunks of `chunk_lines`. Invalid UTF-8 is a UserError
+    naming <stdin> and the line."""
+    try:
+        fd = stream.fileno()
+    except (OSError, AttributeError, ValueError):
+        fd = -1
+    number = 0
+    chunk: list[str] = []
+    if fd < 0:
+        for raw in stream:
+            number += 1
+            chunk.append(decode_line(raw, number))
+            if len(chunk) >= chunk_lines:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+        return
+    pending = b""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if data:
+            pending += data
+            *lines, pending = pending.split(b"\n")
+        else:
+            lines, pending = ([pending] if pending else []), b""
+        for raw in lines:
+            number += 1
+            chunk.append(decode_line(raw, number))
+            if len(chunk) >= chunk_lines:
+                yield chunk
+                chunk = []
+        if not data:
+            break
+        if chunk and not _readable_now(fd):
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def prepare_plot_dir(path: Path) -> None:
+    """Create the directory of --attention-plots before anything is decoded, or say why not."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path}: --attention-plots names a directory to write one PNG per sentence into; this is a file")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot create the --attention-plots directory ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: the --attention-plots directory is not writable")
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM ends the process as Ctrl-C does: by an exception (SystemExit
+    143), so that the temporary file of an output being written is removed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

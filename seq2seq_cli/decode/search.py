@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -53,11 +54,20 @@ def length_penalty(length: int, alpha: float, kind: str) -> float:
     return float(length) ** alpha
 
 
+def max_source_subwords(model: Seq2SeqTransformer) -> int:
+    """The most source subwords (EOS not counted) a sentence is decoded from; longer ones are
+    cut to this many (`Translator.encode`)."""
+    return model.cfg.max_positions - 2
+
+
 def max_lengths(src: Tensor, model: Seq2SeqTransformer, a: float, b: int) -> Tensor:
-    """src: (B, S) -> (B,) output length limits a*|x|+b, capped by the model's positions."""
-    src_len = (src != PAD).sum(dim=1).float()
-    limit = (a * src_len + b).floor().long()
-    return limit.clamp(min=0, max=model.cfg.max_positions - 2)
+    """src: (B, S) -> (B,) output length limits a*|x|+b (|x| counting EOS), capped by the
+    model's positions (the longest source `max_source_subwords` allows). The one place
+    output limits are computed: in float64 and capped before they become integers, so no
+    setting overflows."""
+    src_len = (src != PAD).sum(dim=1).double()
+    limit = (a * src_len + float(b)).clamp(min=0, max=max_source_subwords(model)).floor()
+    return limit.long()
 
 
 def banned_ngram_tokens(history: list[list[int]], n: int) -> list[list[int]]:
@@ -115,12 +125,30 @@ def _filter_for_sampling(lprobs: Tensor, opts: DecodeConfig) -> Tensor:
     return logits
 
 
+def row_generator(seed: int, line: int, draw: int) -> torch.Generator:
+    """The random generator of one sample: draw `draw` of input line `line` (from 0) under
+    `seed`, so a line's samples depend on neither its batch nor the threads decoding."""
+    entropy = [int(seed < 0), abs(seed), line, draw]
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]))
+
+
+def _draw(probs: Tensor, generators: list[torch.Generator]) -> Tensor:
+    """One token per row of probs (N, V), by inverse transform with one uniform number from
+    the row's own generator -> (N,)."""
+    u = torch.tensor([float(torch.rand((), generator=g, dtype=torch.float64)) for g in generators], device=probs.device)
+    cum = probs.double().cumsum(dim=-1)  # (N, V)
+    nxt = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).squeeze(1)  # (N,)
+    last = probs.size(-1) - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # the last token that can be drawn
+    return torch.minimum(nxt, last)
+
+
 @torch.inference_mode()
 def greedy_search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, generator: torch.Generator | None = None
+    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
-    `opts.sampling` a token sampled (temperature, top-k, top-p) with `generator`."""
+    `opts.sampling` a token sampled (temperature, top-k, top-p) with the row's generator in
+    `generators` (B of them)."""
     memory, src_mask, _ = model.encode(src)
     limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
     B, device = src.size(0), src.device
@@ -134,8 +162,10 @@ def greedy_search(
     while active.numel():
         lprobs = step_log_probs(model, last, state, step, limits[active], history, opts)
         if opts.sampling:
+            if generators is None:
+                raise ValueError("sampling needs one generator per row")
             probs = _filter_for_sampling(lprobs, opts).softmax(dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
+            nxt = _draw(probs, [generators[i] for i in active.tolist()])  # (N,)
         else:
             nxt = lprobs.argmax(dim=-1)  # (N,)
         totals[active] += lprobs.gather(1, nxt[:, None]).squeeze(1)
@@ -231,22 +261,31 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
 
 
 @torch.inference_mode()
-def sample(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
-    """`nbest` independent samples per sentence, reproducible from `opts.seed`; best first."""
-    generator = torch.Generator(device=src.device).manual_seed(opts.seed)
-    hyps = greedy_search(model, src.repeat_interleave(nbest, dim=0), opts, generator)
+def sample(
+    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None
+) -> list[list[Hypothesis]]:
+    """`nbest` independent samples per sentence, best first; `lines` are the sentences'
+    line numbers in the input (default 0..B-1). Each sample is drawn with its own generator,
+    seeded by (`opts.seed`, line, sample), so the same line gives the same samples however
+    it is batched, and copies of a line on different lines give different ones."""
+    lines = list(range(src.size(0))) if lines is None else lines
+    generators = [row_generator(opts.seed, line, k) for line in lines for k in range(nbest)]
+    hyps = greedy_search(model, src.repeat_interleave(nbest, dim=0), opts, generators)
     groups = [hyps[i * nbest : (i + 1) * nbest] for i in range(src.size(0))]
     return [sorted(g, key=lambda h: h.score, reverse=True) for g in groups]
 
 
-def search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
-    """Sampling when asked, greedy search for beam size 1 and one output, beam search otherwise.
+def search(
+    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None
+) -> list[list[Hypothesis]]:
+    """Sampling when asked (`lines`: the input line of each sentence, see `sample`), greedy
+    search for beam size 1 and one output, beam search otherwise.
 
     Always `nbest` hypotheses per sentence: where the output limit leaves fewer distinct
     outputs (a limit of 0 allows only the empty one), the missing ones are empty with score
     and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input."""
     if opts.sampling:
-        found = sample(model, src, opts, nbest)
+        found = sample(model, src, opts, nbest, lines)
     elif opts.beam_size == 1 and nbest == 1:
         found = [[h] for h in greedy_search(model, src, opts)]
     else:

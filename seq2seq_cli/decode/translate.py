@@ -29,9 +29,9 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
-from seq2seq_cli.decode.files import check_output
+from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
-from seq2seq_cli.decode.search import Hypothesis, search
+from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
 from seq2seq_cli.device import pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
 
 CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
+PLOT_WARNING = 50  # sentences beyond which --attention-plots warns that it is slow
 
 
 @dataclass
@@ -104,6 +105,10 @@ class Translator:
             decode = DecodeConfig(**settings)
         except ValidationError as exc:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
+        vocab = int(meta["tgt_vocab"])
+        if not decode.sampling and decode.beam_size > vocab:
+            where = "--beam-size" if "beam_size" in (overrides or {}) else "decode.beam_size (the run's config)"
+            raise UserError(f"{where} {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
         model = model.to(decoding_dtype(decode, dev))
         languages = (config.data.src_lang, config.data.tgt_lang)
         model = for_decoding(model, decode.quantize)  # weights are fixed: pack them once
@@ -112,26 +117,34 @@ class Translator:
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the
         lines cut short are appended to `cut` when given."""
-        limit = self.model.cfg.max_positions - 1
+        limit = max_source_subwords(self.model)
         encoded = self.src_sp.encode(lines)
         if cut is not None:
-            cut.extend(i for i, s in enumerate(encoded) if len(s) > limit - 1)
-        return [s[: limit - 1] + [EOS] for s in encoded]
+            cut.extend(i for i, s in enumerate(encoded) if len(s) > limit)
+        return [s[:limit] + [EOS] for s in encoded]
 
     def translate_hypotheses(
-        self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None
+        self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None,
+        first_line: int = 0,
     ) -> list[list[Hypothesis]]:
         """Decode a list of sentences -> their n-best hypotheses, in input order.
 
         `ids` are the lines already encoded (`encode`); `progress` advances by the sentences of
-        each decoded batch (blank lines, which are not decoded, at once)."""
+        each decoded batch (blank lines, which are not decoded, at once); `first_line` is the
+        line number (from 0) of `lines[0]` in the whole input, which seeds sampling."""
         d = self.decode
         if not d.sampling and nbest > d.beam_size:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
         if ids is None:
             ids = self.encode(lines)
-        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * nbest for _ in lines]
+        out: list[list[Hypothesis]] = [[NO_HYPOTHESIS] * nbest for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
+        blank = [i for i, line in enumerate(lines) if not line.strip()]
+        if blank:  # not translated: the empty output, with the model's score for it
+            empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
+            src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
+            for i, hyps in zip(blank, search(self.model, src, empty, 1)):
+                out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
         lens = np.array([len(ids[i]) for i in todo], dtype=np.int64)
@@ -139,7 +152,7 @@ class Translator:
 
         def decode(rows: list[int]) -> None:
             src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-            for i, hyps in zip(rows, search(self.model, src, d, nbest)):
+            for i, hyps in zip(rows, search(self.model, src, d, nbest, lines=[first_line + i for i in rows])):
                 out[i] = hyps
             if progress is not None:
                 progress.update(len(rows))
@@ -151,10 +164,11 @@ class Translator:
             return out
         # On CPU the threads decode batches side by side, one thread each: the matrices of a
         # decoding step are too small to keep several threads busy on one of them.
+        pool = ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,))
         try:
-            with ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-                list(pool.map(decode, batches))
+            list(pool.map(decode, batches))
         finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # stopped (Ctrl-C, SIGTERM): no batch waiting starts
             torch.set_num_threads(threads)
         return out
 
@@ -190,10 +204,11 @@ class Translator:
     def format(self, index: int, src_line: str, src_ids: list[int], hyps: list[Hypothesis], opts: OutputOptions) -> list[str]:
         """Output lines for one input sentence (n-best, with optional scores and alignment)."""
         lines = []
-        wants_attention = opts.alignment or opts.attention_plots or self.decode.replace_unk
         for rank, h in enumerate(hyps):
             attention = None
-            if wants_attention and src_line.strip():
+            # the explicit attention pass only where its result is used
+            plotted = opts.attention_plots is not None and rank == 0
+            if (opts.alignment or plotted or (self.decode.replace_unk and UNK in h.tokens)) and src_line.strip():
                 attention = self.cross_attention(src_ids, h.tokens, opts.attention_layer, opts.attention_head)
             line = self.render(h.tokens, src_line, attention)
             if opts.scores:
@@ -217,16 +232,33 @@ class Translator:
         """Translate an iterable of lines chunk by chunk; yields the output lines in order.
         `progress` (a tqdm bar) advances by the sentences of each decoded batch; the line
         numbers (from 1) of lines cut to the model's positions are appended to `cut`."""
-        it = iter(lines)
+        for rows in self.translate_chunks(chunked(lines, chunk_lines), opts, progress, cut):
+            yield from rows
+
+    def translate_chunks(
+        self, chunks: Iterable[list[str]], opts: OutputOptions, progress: tqdm | None = None, cut: list[int] | None = None,
+    ) -> Iterator[list[str]]:
+        """Translate chunks of lines -> the output lines of each chunk, in order (see
+        `translate_stream`): each chunk is answered before the next is read."""
         done = 0
-        while chunk := [line.rstrip("\r\n") for line in islice(it, chunk_lines)]:
+        for chunk in chunks:
+            chunk = [line.rstrip("\r\n") for line in chunk]
             cut_here: list[int] = []
             ids = self.encode(chunk, cut_here)
             if cut is not None:
                 cut.extend(done + i + 1 for i in cut_here)
-            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress)):
-                yield from self.format(done + k, chunk[k], ids[k], hyps, opts)
+            rows: list[str] = []
+            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress, first_line=done)):
+                rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
+            yield rows
             done += len(chunk)
+
+
+def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Lists of `size` consecutive lines (the last one shorter)."""
+    it = iter(lines)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:
@@ -267,7 +299,8 @@ def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]
 def translate_file(translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True) -> int:
     """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of output lines.
 
-    A terminal on stdin is answered line by line; files and pipes go in chunks of CHUNK_LINES.
+    Stdin (a terminal or a pipe) is answered as it arrives: the lines already there are
+    translated and written before more is read (`stdin_chunks`); files go in chunks of CHUNK_LINES.
     A file `out` is replaced only once every line is translated (see `write_lines`).
     """
     opts = opts or OutputOptions()
@@ -277,30 +310,48 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         raise UserError(f"{out}: is a directory, expected a file name to write")
     if out != "-":
         check_output(Path(out), {"input": Path(src)} if src != "-" else {}, translator.run_dir, "the translation")
+    if opts.attention_plots is not None:
+        prepare_plot_dir(opts.attention_plots)
     if src == "-":
-        stream: Iterable[str] = sys.stdin
-        chunk = 1 if sys.stdin.isatty() else CHUNK_LINES
+        stdin = getattr(sys.stdin, "buffer", None)
+        chunks = stdin_chunks(stdin, CHUNK_LINES) if stdin is not None else chunked(sys.stdin, CHUNK_LINES)
         total: int | None = None
     else:
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
-        stream = iter_lines(Path(src))
-        chunk = CHUNK_LINES
+        chunks = chunked(iter_lines(Path(src)), CHUNK_LINES)
+    if opts.attention_plots is not None:
+        chunks = warn_about_plots(chunks, total)
     cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_stream(stream, opts, chunk, bar, cut)
+        outputs = translator.translate_chunks(chunks, opts, bar, cut)
         if out != "-":
-            count = write_lines(Path(out), outputs)
+            with terminate_as_interrupt():  # SIGTERM removes the temporary file, as Ctrl-C does
+                count = write_lines(Path(out), (line for rows in outputs for line in rows))
         else:
             count = 0
             sink: TextIO = sys.stdout
-            for line in outputs:
-                sink.write(line + "\n")
-                if chunk == 1:
-                    sink.flush()
-                count += 1
+            for rows in outputs:
+                sink.writelines(line + "\n" for line in rows)
+                sink.flush()  # each chunk is answered as soon as it is translated
+                count += len(rows)
     if cut:
-        print(describe_cut(src, cut, translator.model.cfg.max_positions - 2), file=sys.stderr)
+        print(describe_cut(src, cut, max_source_subwords(translator.model)), file=sys.stderr)
     return count
+
+
+def warn_about_plots(chunks: Iterable[list[str]], total: int | None) -> Iterator[list[str]]:
+    """Pass `chunks` on, warning once that --attention-plots is slow for more than
+    PLOT_WARNING sentences: at once when `total` is known, else when the input gets there."""
+    seen, warned = 0, False
+    for chunk in chunks:
+        seen += len(chunk)
+        count = total if total is not None else seen
+        if not warned and count > PLOT_WARNING:
+            some = f"{count}" if total is not None else f"more than {PLOT_WARNING}"
+            print(f"warning: --attention-plots draws one PNG per sentence, about a second each: {some} sentences "
+                  "will take a while (plot a few chosen lines instead)", file=sys.stderr)
+            warned = True
+        yield chunk
 
 
 def describe_cut(src: str, cut: list[int], limit: int) -> str:
