@@ -60,7 +60,6 @@ def kill_at_step(proc: subprocess.Popen, run: Path, target: int, timeout: float 
     return logged_step(run)
 
 
-@pytest.mark.slow
 def test_sigkill_at_chosen_steps_loses_nothing(tmp_path):
     reference = quiet(make_config(tmp_path, "reference", **SETTINGS))
     cfg = make_config(tmp_path, "run", **SETTINGS)
