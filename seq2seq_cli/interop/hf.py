@@ -34,6 +34,7 @@ from torch import Tensor
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD, UNK
+from seq2seq_cli.layout import SOURCE_SPM, SOURCE_VOCAB, TARGET_SPM, TARGET_VOCAB, RunLayout
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # MarianConfig's defaults, for keys a config.json leaves out.
@@ -180,17 +181,15 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     """Convert a local Marian directory into a run directory (config.yaml, source.spm,
     target.spm, vocab.json, checkpoints/best and last); returns the run directory."""
     from seq2seq_cli.config import save_config, validate_config
-    from seq2seq_cli.data.tokenizer import VOCAB_FILES
     from seq2seq_cli.model.transformer import build_model
     from seq2seq_cli.run.checkpoint import (
-        CHECKPOINT_DIR,
         atomic_write_text,
         save_checkpoint,
     )
 
     src_dir, run_dir = Path(src_dir), Path(run_dir)
     cfg = _marian_config(src_dir)
-    for name in ("source.spm", "target.spm", "vocab.json"):
+    for name in (SOURCE_SPM, TARGET_SPM, SOURCE_VOCAB):
         if not (src_dir / name).is_file():
             raise UserError(f"{src_dir / name}: missing (a Marian directory holds source.spm, target.spm and vocab.json)")
     if run_dir.exists() and any(run_dir.iterdir()) and not force:
@@ -199,16 +198,16 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     unk_piece = tok_cfg.get("unk_token", "<unk>") if isinstance(tok_cfg, dict) else "<unk>"
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
     shared = bool(cfg["share_encoder_decoder_embeddings"])
-    src_vocab = _read_json(src_dir / "vocab.json")
-    tgt_path = src_dir / "target_vocab.json"
-    tgt_path = tgt_path if tgt_path.is_file() and not shared else src_dir / "vocab.json"
+    src_vocab = _read_json(src_dir / SOURCE_VOCAB)
+    tgt_path = src_dir / TARGET_VOCAB
+    tgt_path = tgt_path if tgt_path.is_file() and not shared else src_dir / SOURCE_VOCAB
     tgt_vocab = _read_json(tgt_path)
-    for path, vocab in ((src_dir / "vocab.json", src_vocab), (tgt_path, tgt_vocab)):
+    for path, vocab in ((src_dir / SOURCE_VOCAB, src_vocab), (tgt_path, tgt_vocab)):
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
-    src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / "vocab.json")
+    src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / SOURCE_VOCAB)
     tgt_order = _vocab_order(tgt_vocab, Vt, pad, eos, unk_piece, tgt_path)
     start = cfg["decoder_start_token_id"]
     if not 0 <= start < Vt:
@@ -218,7 +217,6 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     max_len = min(256, cfg["max_position_embeddings"] - 2)
     raw = {
         "name": run_dir.name,
-        "run_dir": str(run_dir),
         "data": {"train": "", "src_lang": src_lang, "tgt_lang": tgt_lang, "max_src_len": max_len, "max_tgt_len": max_len},
         "tokenizer": {"vocabulary": "file", "joint": shared, "vocab_size": max(Vs, Vt, 16)},
         "model": {
@@ -260,20 +258,20 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     if run_dir.exists() and force:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    src_spm, src_file = VOCAB_FILES["source"]
-    tgt_spm, tgt_file = VOCAB_FILES["target"]
-    for name in (src_spm, tgt_spm):
-        shutil.copyfile(src_dir / name, run_dir / name)
+    layout = RunLayout(run_dir)
+    for dest in layout.vocab_spm():
+        shutil.copyfile(src_dir / dest.name, dest)
+    src_file, tgt_file = layout.vocab_files(shared)
     pieces = {i: p for p, i in src_vocab.items()}
     src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
-    atomic_write_text(run_dir / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
+    atomic_write_text(src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
     if not shared:
         pieces = {i: p for p, i in tgt_vocab.items()}
         tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
-        atomic_write_text(run_dir / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
-    save_config(config, run_dir / "config.yaml")
+        atomic_write_text(tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
+    save_config(config, layout.config)
     meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
-    save_checkpoint(run_dir / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
+    save_checkpoint(layout.checkpoints, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
     return run_dir
 
 
@@ -359,32 +357,33 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     """Write a run (or checkpoint) as a MarianMTModel + MarianTokenizer directory; returns it."""
     from safetensors.torch import save_file
 
-    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
-    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text, load_checkpoint, load_run_tokenizers
+    from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text
+    from seq2seq_cli.run.loaded import load_run
 
-    model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
+    run = load_run(model_path, "cpu")
+    model, config = run.model, run.config
     joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
     problems = export_problems(model)
     if problems:
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
         raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
-    src_tok, tgt_tok = load_run_tokenizers(model_path, run_dir, config, meta)
+    src_tok, tgt_tok = run.src_sp, run.tgt_sp
     output_dir.mkdir(parents=True, exist_ok=True)
     if vocabulary == "file":
-        spm_files = [run_dir / VOCAB_FILES["source"][0], run_dir / VOCAB_FILES["target"][0]]
+        spm_files = list(run.layout.vocab_spm())
     else:
-        spm_files = list(model_paths(run_dir, joint))
-    for given, name in zip(spm_files, ("source.spm", "target.spm")):
+        spm_files = list(run.layout.spm_models(joint))
+    for given, name in zip(spm_files, (SOURCE_SPM, TARGET_SPM)):
         shutil.copyfile(given, output_dir / name)
 
     def vocab(tok: Any) -> str:
         return json.dumps({tok.id_to_piece(i): i for i in range(tok.get_piece_size())}, ensure_ascii=False, indent=0)
 
-    atomic_write_text(output_dir / "vocab.json", vocab(src_tok))
+    atomic_write_text(output_dir / SOURCE_VOCAB, vocab(src_tok))
     separate = not joint
     if separate:
-        atomic_write_text(output_dir / "target_vocab.json", vocab(tgt_tok))
+        atomic_write_text(output_dir / TARGET_VOCAB, vocab(tgt_tok))
     tokenizer_config = {
         "tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "model_max_length": model.cfg.max_positions,
         "eos_token": tgt_tok.id_to_piece(EOS), "unk_token": tgt_tok.id_to_piece(UNK), "pad_token": tgt_tok.id_to_piece(PAD),
