@@ -278,9 +278,8 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
 # --------------------------------------------------------------------------- export
 
 
-def export_problems(model: Any) -> list[str]:
-    """Why a model cannot be written as a Marian model (empty when it can)."""
-    cfg = model.cfg
+def export_problems(cfg: Any) -> list[str]:
+    """Why a model (its `model` config) cannot be written as a Marian model (empty when it can)."""
     problems = []
     if cfg.norm != "post":
         problems.append("model.norm pre: Marian layers are post-norm")
@@ -358,16 +357,16 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     from safetensors.torch import save_file
 
     from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text
-    from seq2seq_cli.run.loaded import load_run
+    from seq2seq_cli.run.loaded import load_run, run_config
 
-    run = load_run(model_path, "cpu")
-    model, config = run.model, run.config
-    joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
-    problems = export_problems(model)
+    problems = export_problems(run_config(model_path).model)
     if problems:
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
         raise UserError(f"{output_dir}: already exists and is not empty; use --force to overwrite")
+    run = load_run(model_path, "cpu")
+    model, config = run.model, run.config
+    joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
     src_tok, tgt_tok = run.src_sp, run.tgt_sp
     output_dir.mkdir(parents=True, exist_ok=True)
     if vocabulary == "file":

@@ -62,8 +62,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     else:
         check_safetensors_layout(ckpt)
     meta = read_metadata(ckpt)
-    config = validate_config(json.loads(meta["config"]), f"{ckpt} (embedded config)")
-    config = config.model_copy(update={"run_dir": str(run_dir)})
+    config = embedded_config(meta, run_dir, ckpt)
     model = build_model(config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
     load_weights(model, ckpt, device)
     check_finite(model, ckpt)
@@ -74,6 +73,19 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     loaded = LoadedRun(config, model.to(device).eval(), src_sp, tgt_sp, meta, run_dir, ckpt)
     check_tokenizers(loaded)
     return loaded
+
+
+def run_config(path: str | Path) -> Config:
+    """The config the run (or checkpoint) at `path` was trained with, read from the checkpoint's
+    metadata alone: what can be decided from the architecture is decided before anything is loaded."""
+    run_dir, ckpt = resolve_checkpoint(path)
+    return embedded_config(read_metadata(ckpt), run_dir, ckpt)
+
+
+def embedded_config(meta: dict[str, str], run_dir: Path, ckpt: Path) -> Config:
+    """The config a checkpoint's metadata holds, its run_dir the run the checkpoint is in."""
+    config = validate_config(json.loads(meta["config"]), f"{ckpt} (embedded config)")
+    return config.model_copy(update={"run_dir": str(run_dir)})
 
 
 def check_finite(model: Seq2SeqTransformer, ckpt: Path) -> None:
