@@ -89,7 +89,7 @@ def valid_nll(config: Config, forward: torch.nn.Module, valid) -> float:
 
 def run_ours(config: Config, steps: list[int]) -> dict:
     from seq2seq_cli.decode.translate import Translator
-    from seq2seq_cli.run.loaded import load_run
+    from seq2seq_cli.run.loaded import load_model
     from seq2seq_cli.train.loop import train
     from seq2seq_cli.train.metrics import read_metrics
 
@@ -99,7 +99,7 @@ def run_ours(config: Config, steps: list[int]) -> dict:
     at = {r["step"]: r["valid_nll"] for r in records if "valid_nll" in r and r["step"] in steps}
     translator = Translator.load(run_dir, "cpu", {"beam_size": ARGS.beam})
     return {"updates": last["step"], "train_s": last["elapsed_s"], "translate": translator.translate,
-            "forward": load_run(run_dir).model, "valid_nll_at": at}
+            "forward": load_model(run_dir).model, "valid_nll_at": at}
 
 
 class MarianAdapter(torch.nn.Module):

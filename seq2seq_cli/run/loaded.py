@@ -33,15 +33,12 @@ from seq2seq_cli.run.checkpoint import (
 
 
 @dataclass
-class LoadedRun:
-    """A run ready to use: the model (eval mode, on its device), the config it was trained with
-    (its run_dir the run's directory), the (source, target) tokenizers, and the checkpoint's
-    metadata (step, vocabulary sizes, ...)."""
+class LoadedModel:
+    """A checkpoint's model (eval mode, on its device), the config it was trained with (its
+    run_dir the run's directory) and the checkpoint's metadata (step, vocabulary sizes, ...)."""
 
     config: Config
     model: Seq2SeqTransformer
-    src_sp: Any  # SentencePieceProcessor, or a VocabTokenizer (tokenizer.vocabulary "file")
-    tgt_sp: Any
     meta: dict[str, str]
     run_dir: Path
     checkpoint: Path
@@ -51,8 +48,28 @@ class LoadedRun:
         return RunLayout(self.run_dir)
 
 
+@dataclass
+class LoadedRun(LoadedModel):
+    """A run ready to use: the model and, checked to be the checkpoint's, its (source, target)
+    tokenizers."""
+
+    src_sp: Any  # SentencePieceProcessor, or a VocabTokenizer (tokenizer.vocabulary "file")
+    tgt_sp: Any
+
+
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """Load and verify the run (or checkpoint) at `path`; UserError naming the file on any problem."""
+    m = load_model(path, device)
+    t = m.config.tokenizer
+    src_sp, tgt_sp = load_tokenizers(m.run_dir, t.joint, t.vocabulary)
+    loaded = LoadedRun(m.config, m.model, m.meta, m.run_dir, m.checkpoint, src_sp, tgt_sp)
+    check_tokenizers(loaded)
+    return loaded
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """The verified model of the run (or checkpoint) at `path`, without its tokenizers (for
+    `seq2seq info`, which describes the model alone)."""
     run_dir, ckpt = resolve_checkpoint(path)
     manifest = ckpt.with_suffix(MANIFEST).is_file()
     if manifest:
@@ -67,12 +84,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     load_weights(model, ckpt, device)
     check_finite(model, ckpt)
     if not manifest:
-        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix('.json').name}), so the weights cannot be fully "
+        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix(MANIFEST).name}), so the weights cannot be fully "
               "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
-    src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
-    loaded = LoadedRun(config, model.to(device).eval(), src_sp, tgt_sp, meta, run_dir, ckpt)
-    check_tokenizers(loaded)
-    return loaded
+    return LoadedModel(config, model.to(device).eval(), meta, run_dir, ckpt)
 
 
 def run_config(path: str | Path) -> Config:
