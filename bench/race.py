@@ -42,6 +42,7 @@ import torch
 
 from seq2seq_cli.config import Config, load_config
 from seq2seq_cli.ids import BOS, EOS, PAD
+from seq2seq_cli.layout import RunLayout
 
 SCRIPT = Path(__file__).resolve()
 
@@ -88,17 +89,17 @@ def valid_nll(config: Config, forward: torch.nn.Module, valid) -> float:
 
 def run_ours(config: Config, steps: list[int]) -> dict:
     from seq2seq_cli.decode.translate import Translator
-    from seq2seq_cli.run.checkpoint import load_checkpoint
+    from seq2seq_cli.run.loaded import load_model
     from seq2seq_cli.train.loop import train
     from seq2seq_cli.train.metrics import read_metrics
 
     run_dir = train(config, progress=False, overwrite=True)  # each race run starts over
-    records = read_metrics(run_dir / "metrics.jsonl")
+    records = read_metrics(RunLayout(run_dir).metrics)
     last = [r for r in records if "elapsed_s" in r][-1]
     at = {r["step"]: r["valid_nll"] for r in records if "valid_nll" in r and r["step"] in steps}
     translator = Translator.load(run_dir, "cpu", {"beam_size": ARGS.beam})
     return {"updates": last["step"], "train_s": last["elapsed_s"], "translate": translator.translate,
-            "forward": load_checkpoint(run_dir)[0], "valid_nll_at": at}
+            "forward": load_model(run_dir).model, "valid_nll_at": at}
 
 
 class MarianAdapter(torch.nn.Module):
@@ -129,7 +130,7 @@ def hf_model(config: Config, vocab: int):
 
 def hf_precision(config: Config) -> str:
     """HF's training precision: what ours resolves `train.precision` to, unless --hf-precision says."""
-    from seq2seq_cli.train.loop import resolve_precision
+    from seq2seq_cli.device import resolve_precision
 
     if ARGS.hf_precision != "auto":
         return ARGS.hf_precision
@@ -141,8 +142,9 @@ def run_hf(config: Config, steps: list[int]) -> dict:
     import math
 
     from seq2seq_cli.data.batching import collate, epoch_batches
-    from seq2seq_cli.train.loop import learning_rate, make_optimizer
+    from seq2seq_cli.train.loop import learning_rate
     from seq2seq_cli.train.loss import label_smoothed_nll
+    from seq2seq_cli.train.setup import make_optimizer
 
     t = config.train
     src_sp, tgt_sp, train, valid = corpora(config)
@@ -215,10 +217,11 @@ def child(system: str, out: Path) -> None:
     if steps and system == "ours":  # a validation record at every step asked for
         base += [f"train.valid_every={np.gcd.reduce(steps)}", "train.valid_bleu=false"]
     config = load_config(ARGS.config, base + (ARGS.overrides if system == "ours" else []))
-    if system == "hf" and not (config.run_path / "spm.model").is_file():
-        ours_spm = Path(ARGS.run_dir) / "ours" / "spm.model"
+    spm_model = RunLayout(config.run_path).spm_models(joint=True)[0]
+    if system == "hf" and not spm_model.is_file():
+        ours_spm = RunLayout(Path(ARGS.run_dir) / "ours").spm_models(joint=True)[0]
         config.run_path.mkdir(parents=True, exist_ok=True)
-        (config.run_path / "spm.model").write_bytes(ours_spm.read_bytes())  # the very same tokenizer
+        spm_model.write_bytes(ours_spm.read_bytes())  # the very same tokenizer
     r = run_ours(config, steps) if system == "ours" else run_hf(config, steps)
     result: dict[str, Any] = {"updates": r["updates"], "train_s": round(r["train_s"], 1),
                               "valid_nll_at": {str(k): round(v, 4) for k, v in sorted(r["valid_nll_at"].items())}}

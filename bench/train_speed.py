@@ -62,8 +62,9 @@ from shapes import add_shape_arguments, hf_marian, our_model, shape_config
 
 from seq2seq_cli.config import TrainConfig
 from seq2seq_cli.model.info import flop_estimate
-from seq2seq_cli.train.loop import autocast, make_optimizer
+from seq2seq_cli.train.loop import autocast
 from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.setup import make_optimizer
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks, TFLOP/s, by a piece of the device name.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}

@@ -202,9 +202,9 @@ def info(
     if model is not None:
         if set_:
             raise UserError("--set changes a config; it goes with --config, not --model")
-        from seq2seq_cli.run.checkpoint import load_checkpoint
+        from seq2seq_cli.run.loaded import load_model
 
-        net = load_checkpoint(model)[0]
+        net = load_model(model).model
     else:
         assert config is not None  # one of the two, checked above
         net = model_from_config(_load(config, set_))

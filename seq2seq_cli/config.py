@@ -18,6 +18,7 @@ from pydantic_core import ErrorDetails
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
 from seq2seq_cli.ids import BOS
+from seq2seq_cli.layout import run_of_config
 
 
 def _number_kind(annotation: Any) -> str | None:
@@ -392,7 +393,9 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config, apply `--set` overrides and validate; raise UserError with file:line on problems."""
+    """Read a YAML config, apply `--set` overrides and validate; raise UserError with file:line on problems.
+    The config.yaml of a run directory trains that directory, whatever run_dir it records
+    (unless `--set run_dir=...` says otherwise): a copied run is a run of its own."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: config file not found")
@@ -422,6 +425,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             node = child
         node[parts[-1]] = value
         overridden.add(tuple(parts))
+    run = run_of_config(path)
+    if run is not None and ("run_dir",) not in overridden:
+        raw["run_dir"] = str(run)  # a run is where its config.yaml is: a copied run trains the copy
     return validate_config(raw, str(path), {k: v for k, v in lines.items() if k not in overridden}, overridden)
 
 
@@ -441,4 +447,6 @@ def dump_config(config: Config) -> str:
 
 
 def save_config(config: Config, path: Path) -> None:
-    atomic_write_text(path, dump_config(config))
+    """Write the config into its run directory (as config.yaml), recording `run_dir: null`: read
+    back, the run is the directory the file is in (`load_config`), wherever the run was copied."""
+    atomic_write_text(path, dump_config(config.model_copy(update={"run_dir": None})))

@@ -1,4 +1,6 @@
-"""The device policy: which device a process trains or decodes on, from a device setting."""
+"""The device and precision policy, one place for training, decoding and serving: which device a
+process runs on (`pick_device`), the precision training computes in (`resolve_precision`),
+the dtype a loaded model decodes in (`decoding_dtype`), and what the CPU offers."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import torch
 
+from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.errors import UserError
 
 
@@ -64,3 +67,42 @@ def describe_cpu() -> str:
     c = cpu_description()
     where = f"family {c['family']}, model {c['model']}; " if c["family"] else ""
     return f"{c['name']} ({where}{' '.join(c['flags']) or 'no AVX2'}), {c['cores']} cores"
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16); asked
+    once per process (autocast resolves the precision for every batch)."""
+    try:
+        caps = torch._C._cpu._get_cpu_capability()
+    except (AttributeError, RuntimeError):  # a build of torch without the query: assume not
+        return False
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The precision training computes in (train.precision): `auto` -> bf16 on CUDA and on CPUs
+    with native bf16 instructions, fp32 elsewhere; anything else as given."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def decoding_dtype(decode: DecodeConfig, device: torch.device) -> torch.dtype:
+    """The dtype a loaded model decodes in: decode.precision, where auto is bf16 on CUDA and
+    float32 on CPU (whose fast paths, oneDNN packing and int8, are float32). Scores are
+    accumulated in float32 whatever the model's dtype (`search`). Settings that cannot go
+    together on `device` are refused here."""
+    if decode.quantize != "none" and device.type != "cpu":
+        raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
+    precision = decode.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device")
+    if decode.quantize != "none" and precision != "fp32":
+        raise UserError(f"--quantize {decode.quantize} decodes with fp32 activations; leave out --precision {precision}")
+    return DTYPES[precision]

@@ -32,6 +32,7 @@ from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.ids import BOS, EOS, PAD
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 from seq2seq_cli.run import checkpoint as ckpt
+from seq2seq_cli.run.loaded import load_model
 
 GPU = os.environ.get("SEQ2SEQ_TEST_GPU", "cuda")
 
@@ -192,8 +193,8 @@ def assert_translators_agree(run: Path, lines: list[str]) -> None:
     fp32 = {"precision": "fp32"}  # the device would decode in bf16 by default
     cpu, dev = Translator.load(run, "cpu", fp32), Translator.load(run, GPU, fp32)
     assert next(dev.model.parameters()).device.type == torch.device(GPU).type
-    cpu_model, _, _, _ = ckpt.load_checkpoint(run, "cpu")
-    dev_model, _, _, _ = ckpt.load_checkpoint(run, GPU)
+    cpu_model = load_model(run, "cpu").model
+    dev_model = load_model(run, GPU).model
     for (name, a), b in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
         assert torch.equal(a, b.cpu()), name
     ids = cpu.encode(lines)

@@ -305,14 +305,15 @@ def test_the_run_config_beam_size_above_the_vocabulary_names_the_config(run, mon
     from seq2seq_cli.decode import translate as module
     from seq2seq_cli.errors import UserError
 
-    real = module.load_checkpoint
+    real = module.load_run
 
     def with_beam(*args, **kwargs):
-        model, config, run_dir, meta = real(*args, **kwargs)
-        decode = config.decode.model_copy(update={"beam_size": 500})
-        return model, config.model_copy(update={"decode": decode}), run_dir, meta
+        loaded = real(*args, **kwargs)
+        decode = loaded.config.decode.model_copy(update={"beam_size": 500})
+        loaded.config = loaded.config.model_copy(update={"decode": decode})
+        return loaded
 
-    monkeypatch.setattr(module, "load_checkpoint", with_beam)
+    monkeypatch.setattr(module, "load_run", with_beam)
     with pytest.raises(UserError, match=r"^decode.beam_size \(the run's config\) 500: larger than the target vocabulary"):
         module.Translator.load(run, "cpu")
 

@@ -186,6 +186,23 @@ def nan_weights(data: bytes) -> bytes:
     return data[:8 + n + begin] + nan + data[8 + n + end:]
 
 
+def nan_weights_with_manifest(run: Path) -> None:
+    """NaN weights that their manifest vouches for (as an import of a damaged model writes them):
+    the sha256 matches, the values are not numbers."""
+    import json
+
+    from seq2seq_cli.fileio import sha256
+
+    weights, manifest = run / "checkpoints" / "best.safetensors", run / "checkpoints" / "best.json"
+    data = nan_weights(weights.read_bytes())
+    weights.unlink()  # a hard link shared with a step checkpoint: write a file of its own
+    weights.write_bytes(data)
+    record = json.loads(manifest.read_text(encoding="utf-8"))
+    record["sha256"]["weights"] = sha256(weights)
+    manifest.unlink()
+    manifest.write_text(json.dumps(record), encoding="utf-8")
+
+
 # id -> (arguments, given the workspace; fragments of the error line; exit code)
 CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     # configuration
@@ -290,6 +307,9 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
         ["best.safetensors: not a readable checkpoint (truncated or padded"], 1),
     "model-unverified-nan": (
         lambda ws: ["translate", "-m", run_variant(ws, "run-nomanifest-nan", unverifiable_weights(nan_weights))],
+        ["best.safetensors: weights are damaged", "NaN or infinite"], 1),
+    "model-nan": (
+        lambda ws: ["translate", "-m", run_variant(ws, "run-nan", nan_weights_with_manifest)],
         ["best.safetensors: weights are damaged", "NaN or infinite"], 1),
     # translate and evaluate files
     "input-missing": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "none.txt"], ["none.txt: input file not found"], 1),

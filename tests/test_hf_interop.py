@@ -22,7 +22,7 @@ from seq2seq_cli.decode.search import beam_search, greedy_search
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD
 from seq2seq_cli.interop.hf import export_hf, import_marian
-from seq2seq_cli.run.checkpoint import load_checkpoint
+from seq2seq_cli.run.loaded import load_run
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -88,7 +88,8 @@ def imported(request, tmp_path_factory, spm_model):
 
 def test_imported_model_gives_transformers_logits_and_outputs(imported):
     src, run, hf = imported
-    model, config, _, _ = load_checkpoint(run)
+    loaded = load_run(run)
+    model, config = loaded.model, loaded.config
     src_tok, tgt_tok = load_tokenizers(run, config.tokenizer.joint, config.tokenizer.vocabulary)
     assert config.model.activation in ("swish", "relu") and config.model.position_layout == "halves"
     hf_tok = transformers.MarianTokenizer.from_pretrained(src)

@@ -54,7 +54,7 @@ def _imported_modules(tree: ast.AST, name: str, modules: set[str]) -> set[str]:
             else:
                 base = (node.module or "").split(".")
             # `from seq2seq_cli.run import checkpoint` names run.checkpoint, a module;
-            # `from seq2seq_cli.run.checkpoint import load_checkpoint` names run.checkpoint too.
+            # `from seq2seq_cli.run.checkpoint import save_checkpoint` names run.checkpoint too.
             names = [[*base, alias.name] for alias in node.names]
         else:
             continue
@@ -132,8 +132,8 @@ def test_the_import_graph_is_read():
     assert {"model.kv_cache", "model.masks", "ids"} <= graph["model.transformer"]
     assert "model.transformer" in graph["decode.search"]
     assert "data.formats" in graph["data.tokenizer"]  # lazy, inside a function
-    assert {"run.checkpoint", "run.runlock", "train.distributed"} <= graph["train.loop"]  # from seq2seq_cli.run import ...
-    assert "run.__init__" not in graph["train.loop"]
+    assert {"run.checkpoint", "run.runlock", "train.distributed"} <= graph["train.setup"]  # from seq2seq_cli.run import ...
+    assert "run.__init__" not in graph["train.setup"]
     assert {"decode.translate", "interop.hf", "train.loop"} <= graph["cli"]
     assert "cli" in graph["__main__"]
     assert {"config", "__init__", "model.__init__"} <= set(graph)  # bottom modules, and a wing's __init__

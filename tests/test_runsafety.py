@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO
@@ -337,3 +338,20 @@ def test_a_checkpoint_without_a_tokenizer_record_loads_as_before(trained, tmp_pa
     foreign_tokenizer(run)
     result = runner.invoke(app, ["translate", "-m", str(run), "--no-progress"], input="hola\n")
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1, result.output
+
+
+def test_a_copied_run_trains_the_copy_and_leaves_the_original(trained, tmp_path):
+    _, original = copy_run(trained, tmp_path / "a")
+    saved = original / "config.yaml"  # as a run trained in place records it
+    saved.write_text(saved.read_text(encoding="utf-8").replace(str(trained[1]), str(original)), encoding="utf-8")
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    before = {p.relative_to(original): p.read_bytes() for p in sorted(original.rglob("*")) if p.is_file()}
+    result = runner.invoke(app, ["train", "-c", str(copy / "config.yaml"), "--resume", "--no-progress",
+                                 "--set", "train.max_steps=5", "--set", "train.valid_every=5"])
+    assert result.exit_code == 0, result.output
+    assert {p.relative_to(original): p.read_bytes() for p in sorted(original.rglob("*")) if p.is_file()} == before
+    assert json.loads((copy / "checkpoints" / "last.json").read_text(encoding="utf-8"))["step"] == 5
+    assert f"resumed from {copy / 'checkpoints' / 'last.safetensors'} at step 3" in result.stderr
+    # the config saved into a run does not name a directory: the run is where it lies
+    assert yaml.safe_load((copy / "config.yaml").read_text(encoding="utf-8"))["run_dir"] is None

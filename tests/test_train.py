@@ -21,8 +21,10 @@ from seq2seq_cli.data.formats import read_parallel
 from seq2seq_cli.data.tokenizer import load_tokenizers
 from seq2seq_cli.model.transformer import build_model
 from seq2seq_cli.run import checkpoint as ckpt
-from seq2seq_cli.train.loop import TrainState, learning_rate, make_optimizer, rng_state, set_rng_state, train
+from seq2seq_cli.train.loop import learning_rate, train
 from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.setup import make_optimizer
+from seq2seq_cli.train.state import TrainState, rng_state, set_rng_state
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
@@ -122,23 +124,6 @@ def test_resume_restores_pythons_random_state(tmp_path):
     random.seed(12345)
     train(load_config(cfg), resume=True, progress=False, log=lambda _: None)  # already at max_steps: only resumes
     assert random.getstate() == ast.literal_eval(saved)
-
-
-def test_precision_auto_is_bf16_only_where_the_cpu_has_bf16(monkeypatch):
-    from seq2seq_cli.train import loop as train_module
-
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(train_module, "cpu_has_bf16", lambda: False)
-    assert train_module.resolve_precision("auto", cpu) == "fp32"
-    assert train_module.resolve_precision("auto", cuda) == "bf16"
-    assert train_module.resolve_precision("bf16", cpu) == "bf16"  # asked for explicitly
-    with train_module.autocast(cpu, "auto"):
-        assert not torch.is_autocast_enabled("cpu")
-    monkeypatch.setattr(train_module, "cpu_has_bf16", lambda: True)
-    assert train_module.resolve_precision("auto", cpu) == "bf16"
-    assert train_module.resolve_precision("fp32", cpu) == "fp32"
-    with train_module.autocast(cpu, "auto"):
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_bf16_training_on_cpu_lowers_the_loss(tmp_path):

@@ -31,6 +31,7 @@ from seq2seq_cli.data.pages import PageRelease, release_pages
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.ids import BOS
+from seq2seq_cli.layout import RunLayout
 
 CACHE_VERSION = 1
 ENCODE_BATCH = 1000
@@ -263,7 +264,7 @@ def encoded_split(
     settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
     label = "train" if training else "valid"
-    root = config.run_path / "cache" / "encoded"
+    root = RunLayout(config.run_path).encoded
     path = root / f"{label}-{_fingerprint(source, src_sp, tgt_sp, settings)}"
     from_cache = (path / "stats.json").is_file()
     if from_cache:
@@ -276,12 +277,12 @@ def encoded_split(
         build.mkdir(parents=True)
         try:
             raw = read_split(config, value)
-            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", config.run_path / "cache")
+            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", RunLayout(config.run_path).cache)
             if d.on_empty == "error":
                 _empty_error(encoded, source)
             keep, dropped = _keep(encoded, filters.dedup)
             (build / "dataset").mkdir()
-            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, PageRelease(config.run_path / "cache"))
+            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, PageRelease(RunLayout(config.run_path).cache))
             (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
             del encoded, raw
             for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale

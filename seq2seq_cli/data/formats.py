@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import check_utf8
+from seq2seq_cli.layout import RunLayout
 
 READ_BATCH = 1000
 
@@ -188,5 +189,5 @@ def read_split(config, value: str):
     """`read_parallel` of one split with the config's data settings (format, fields, processes),
     datasets' own cache in RUN/cache. `config` is a `seq2seq_cli.config.Config`."""
     d = config.data
-    return read_parallel(value, d.src_lang, d.tgt_lang, config.run_path / "cache", format=d.format,
+    return read_parallel(value, d.src_lang, d.tgt_lang, RunLayout(config.run_path).cache, format=d.format,
                          src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)

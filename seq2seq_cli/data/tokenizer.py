@@ -18,13 +18,12 @@ from seq2seq_cli.config import Config
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps, sha256
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
+from seq2seq_cli.layout import RunLayout
 
 
 def model_paths(run_dir: Path, joint: bool) -> tuple[Path, Path]:
     """(source model, target model) paths inside a run directory; the same file when joint."""
-    if joint:
-        return run_dir / "spm.model", run_dir / "spm.model"
-    return run_dir / "spm.src.model", run_dir / "spm.tgt.model"
+    return RunLayout(run_dir).spm_models(joint)
 
 
 def _check_ids(sp: spm.SentencePieceProcessor, path: Path) -> None:
@@ -127,9 +126,6 @@ def make_tokenizer(config: Config) -> list[Path]:
     return [src_model, tgt_model]
 
 
-VOCAB_FILES = {"source": ("source.spm", "vocab.json"), "target": ("target.spm", "target_vocab.json")}
-
-
 class VocabTokenizer:
     """Subwords from a SentencePiece model, ids from a vocabulary file (piece -> id), as Marian's:
     text -> pieces through the .spm model -> ids through the vocabulary, and back. The ids
@@ -193,10 +189,10 @@ def load_tokenizers(
     With vocabulary "file" they are `VocabTokenizer`s over source.spm/target.spm and
     vocab.json (target_vocab.json for the target when not joint)."""
     if vocabulary == "file":
-        src_spm, src_vocab = VOCAB_FILES["source"]
-        tgt_spm, tgt_vocab = VOCAB_FILES["target"]
-        src_v = VocabTokenizer.load(run_dir / src_spm, run_dir / src_vocab)
-        tgt_v = VocabTokenizer.load(run_dir / tgt_spm, run_dir / (src_vocab if joint else tgt_vocab))
+        layout = RunLayout(run_dir)
+        (src_spm, tgt_spm), (src_vocab, tgt_vocab) = layout.vocab_spm(), layout.vocab_files(joint)
+        src_v = VocabTokenizer.load(src_spm, src_vocab)
+        tgt_v = VocabTokenizer.load(tgt_spm, tgt_vocab)
         return src_v, tgt_v  # type: ignore[return-value]  # VocabTokenizer offers the SentencePieceProcessor calls the tool makes
     src_path, tgt_path = model_paths(run_dir, joint)
     for p in {src_path, tgt_path}:
@@ -215,26 +211,6 @@ def _load_spm(path: Path) -> spm.SentencePieceProcessor:
         raise UserError(f"{path}: not a SentencePiece model ({detail})") from None
 
 
-def check_vocab_sizes(run_dir: Path, joint: bool, vocabulary: str, src: spm.SentencePieceProcessor,
-                      tgt: spm.SentencePieceProcessor, checkpoint: Path, src_vocab: int, tgt_vocab: int,
-                      fingerprint: str | None = None) -> None:
-    """Refuse a tokenizer whose vocabulary is not the one the checkpoint was trained with: the
-    ids would mean other pieces and the translations would be wrong without a word. The sizes
-    are compared first; then, when the checkpoint records one (its `TOKENIZER_SHA256`
-    metadata), the `fingerprint` of the tokenizer files (see `check_fingerprint`)."""
-    if vocabulary == "file":
-        names = (run_dir / VOCAB_FILES["source"][1], run_dir / VOCAB_FILES["source" if joint else "target"][1])
-    else:
-        names = model_paths(run_dir, joint)
-    for side, path, tok, want in (("source", names[0], src, src_vocab), ("target", names[1], tgt, tgt_vocab)):
-        if tok.get_piece_size() != want:
-            raise UserError(
-                f"{path}: {side} tokenizer has {tok.get_piece_size()} pieces but {checkpoint} was trained with "
-                f"{want}; this tokenizer does not belong to the checkpoint"
-            )
-    check_fingerprint(run_dir, checkpoint, fingerprint)
-
-
 TOKENIZER_SHA256 = "tokenizer_sha256"  # checkpoint metadata: {file name: sha256} of the files that decide the ids
 
 
@@ -242,8 +218,8 @@ def id_files(run_dir: Path, joint: bool, vocabulary: str) -> list[Path]:
     """The files of a run that decide which id a piece of text gets: the SentencePiece
     model(s), or source.spm/target.spm and the vocabulary file(s)."""
     if vocabulary == "file":
-        names = [VOCAB_FILES["source"][0], VOCAB_FILES["target"][0], VOCAB_FILES["source"][1]]
-        return [run_dir / name for name in names + ([] if joint else [VOCAB_FILES["target"][1]])]
+        layout = RunLayout(run_dir)
+        return list(dict.fromkeys([*layout.vocab_spm(), *layout.vocab_files(joint)]))
     return list(dict.fromkeys(model_paths(run_dir, joint)))
 
 

@@ -32,12 +32,12 @@ from seq2seq_cli.data.batching import pad_batch, token_batches
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
-from seq2seq_cli.device import pick_device
+from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
-from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers
+from seq2seq_cli.run.loaded import load_run
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -56,26 +56,6 @@ class OutputOptions:
     attention_plots: Path | None = None  # one PNG heatmap per sentence
     attention_layer: int = -1  # decoder layer whose cross-attention is used
     attention_head: int | None = None  # None = mean over heads
-
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def decoding_dtype(decode: DecodeConfig, device: torch.device) -> torch.dtype:
-    """The dtype a loaded model decodes in: decode.precision, where auto is bf16 on CUDA and
-    float32 on CPU (whose fast paths, oneDNN packing and int8, are float32). Scores are
-    accumulated in float32 whatever the model's dtype (`search`). Settings that cannot go
-    together on `device` are refused here."""
-    if decode.quantize != "none" and device.type != "cpu":
-        raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
-    precision = decode.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "fp16" and device.type != "cuda":
-        raise UserError("--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device")
-    if decode.quantize != "none" and precision != "fp32":
-        raise UserError(f"--quantize {decode.quantize} decodes with fp32 activations; leave out --precision {precision}")
-    return DTYPES[precision]
 
 
 @dataclass
@@ -97,22 +77,21 @@ class Translator:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
-        model, config, run_dir, meta = load_checkpoint(model_path, dev)
-        src_sp, tgt_sp = load_run_tokenizers(model_path, run_dir, config, meta)
-        settings = config.decode.model_dump()
+        run = load_run(model_path, dev)
+        settings = run.config.decode.model_dump()
         settings.update(overrides or {})
         try:
             decode = DecodeConfig(**settings)
         except ValidationError as exc:
             raise UserError(describe_decode_error(exc, overrides or {})) from None
-        vocab = int(meta["tgt_vocab"])
+        vocab = int(run.meta["tgt_vocab"])
         if not decode.sampling and decode.beam_size > vocab:
             where = "--beam-size" if "beam_size" in (overrides or {}) else "decode.beam_size (the run's config)"
             raise UserError(f"{where} {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
-        model = model.to(decoding_dtype(decode, dev))
-        languages = (config.data.src_lang, config.data.tgt_lang)
+        model = run.model.to(decoding_dtype(decode, dev))
+        languages = (run.config.data.src_lang, run.config.data.tgt_lang)
         model = for_decoding(model, decode.quantize)  # weights are fixed: pack them once
-        return cls(model, src_sp, tgt_sp, decode, dev, run_dir, languages)
+        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages)
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the

@@ -17,7 +17,8 @@ from pathlib import Path
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.interop.output import check_output_dir, replacing_output
 from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
-from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
+from seq2seq_cli.run.checkpoint import resolve_checkpoint
+from seq2seq_cli.run.loaded import load_run
 
 
 def _linear(spec, layer) -> None:
@@ -121,8 +122,8 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     check_quantization(quantization)
     run_dir, ckpt = resolve_checkpoint(model_path)
     check_output_dir(output_dir, force, [ckpt, run_dir], "exported")
-    model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
-    src_sp, tgt_sp = load_run_tokenizers(model_path, run_dir, config, meta)
+    run = load_run(model_path, "cpu")
+    model, src_sp, tgt_sp = run.model, run.src_sp, run.tgt_sp
     src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
     tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
     with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete

@@ -35,6 +35,7 @@ from torch import Tensor
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD, UNK
 from seq2seq_cli.interop.output import check_output_dir, replacing_output
+from seq2seq_cli.layout import SOURCE_SPM, SOURCE_VOCAB, TARGET_SPM, TARGET_VOCAB, RunLayout
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # MarianConfig's defaults, for keys a config.json leaves out.
@@ -214,17 +215,15 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     """Convert a local Marian directory into a run directory (config.yaml, source.spm,
     target.spm, vocab.json, checkpoints/best and last); returns the run directory."""
     from seq2seq_cli.config import save_config, validate_config
-    from seq2seq_cli.data.tokenizer import VOCAB_FILES
     from seq2seq_cli.model.transformer import build_model
     from seq2seq_cli.run.checkpoint import (
-        CHECKPOINT_DIR,
         atomic_write_text,
         save_checkpoint,
     )
 
     src_dir, run_dir = Path(src_dir), Path(run_dir)
     cfg = _marian_config(src_dir)
-    for name in ("source.spm", "target.spm", "vocab.json"):
+    for name in (SOURCE_SPM, TARGET_SPM, SOURCE_VOCAB):
         if not (src_dir / name).is_file():
             raise UserError(f"{src_dir / name}: missing (a Marian directory holds source.spm, target.spm and vocab.json)")
     check_output_dir(run_dir, force, [src_dir], "imported")
@@ -232,18 +231,18 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     unk_piece = tok_cfg.get("unk_token", "<unk>") if isinstance(tok_cfg, dict) else "<unk>"
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
     shared = bool(cfg["share_encoder_decoder_embeddings"])
-    src_vocab = _read_json(src_dir / "vocab.json")
-    tgt_path = src_dir / "target_vocab.json"
-    tgt_path = tgt_path if tgt_path.is_file() and not shared else src_dir / "vocab.json"
+    src_vocab = _read_json(src_dir / SOURCE_VOCAB)
+    tgt_path = src_dir / TARGET_VOCAB
+    tgt_path = tgt_path if tgt_path.is_file() and not shared else src_dir / SOURCE_VOCAB
     tgt_vocab = _read_json(tgt_path)
-    for path, vocab in ((src_dir / "vocab.json", src_vocab), (tgt_path, tgt_vocab)):
+    for path, vocab in ((src_dir / SOURCE_VOCAB, src_vocab), (tgt_path, tgt_vocab)):
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
-    _check_pieces(src_dir / "source.spm", src_vocab, src_dir / "vocab.json")
-    _check_pieces(src_dir / "target.spm", tgt_vocab, tgt_path)
+    _check_pieces(src_dir / SOURCE_SPM, src_vocab, src_dir / SOURCE_VOCAB)
+    _check_pieces(src_dir / TARGET_SPM, tgt_vocab, tgt_path)
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
-    src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / "vocab.json")
+    src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / SOURCE_VOCAB)
     tgt_order = _vocab_order(tgt_vocab, Vt, pad, eos, unk_piece, tgt_path)
     start = cfg["decoder_start_token_id"]
     if not 0 <= start < Vt:
@@ -253,7 +252,6 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     max_len = min(256, cfg["max_position_embeddings"] - 2)
     raw = {
         "name": run_dir.name,
-        "run_dir": str(run_dir),
         "data": {"train": "", "src_lang": src_lang, "tgt_lang": tgt_lang, "max_src_len": max_len, "max_tgt_len": max_len},
         "tokenizer": {"vocabulary": "file", "joint": shared, "vocab_size": max(Vs, Vt, 16)},
         "model": {
@@ -292,30 +290,29 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
                             f"{tuple(expected[name].shape)}")
     model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True)
 
-    src_spm, src_file = VOCAB_FILES["source"]
-    tgt_spm, tgt_file = VOCAB_FILES["target"]
     with replacing_output(run_dir) as out:  # the old run stays until the new one is complete
-        for name in (src_spm, tgt_spm):
-            shutil.copyfile(src_dir / name, out / name)
+        layout = RunLayout(out)
+        for dest in layout.vocab_spm():
+            shutil.copyfile(src_dir / dest.name, dest)
+        src_file, tgt_file = layout.vocab_files(shared)
         pieces = {i: p for p, i in src_vocab.items()}
         src_vocab = {pieces[m]: j for j, m in enumerate(src_order)}
-        atomic_write_text(out / src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
+        atomic_write_text(src_file, json.dumps(src_vocab, ensure_ascii=False, indent=0))
         if not shared:
             pieces = {i: p for p, i in tgt_vocab.items()}
             tgt_vocab = {pieces[m]: j for j, m in enumerate(tgt_order)}
-            atomic_write_text(out / tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
-        save_config(config, out / "config.yaml")
+            atomic_write_text(tgt_file, json.dumps(tgt_vocab, ensure_ascii=False, indent=0))
+        save_config(config, layout.config)
         meta = {"step": 0, "epoch": 0, "imported_from": str(src_dir)}
-        save_checkpoint(out / CHECKPOINT_DIR, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
+        save_checkpoint(layout.checkpoints, 0, model, config, meta, {"step": 0}, best=True, keep_last=1)
     return run_dir
 
 
 # --------------------------------------------------------------------------- export
 
 
-def export_problems(model: Any) -> list[str]:
-    """Why a model cannot be written as a Marian model (empty when it can)."""
-    cfg = model.cfg
+def export_problems(cfg: Any) -> list[str]:
+    """Why a model (its `model` config) cannot be written as a Marian model (empty when it can)."""
     problems = []
     if cfg.norm != "post":
         problems.append("model.norm pre: Marian layers are post-norm")
@@ -390,41 +387,43 @@ def hf_config(model: Any) -> dict[str, Any]:
 
 def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> Path:
     """Write a run (or checkpoint) as a MarianMTModel + MarianTokenizer directory; returns it."""
-    from seq2seq_cli.run.checkpoint import load_checkpoint, load_run_tokenizers, resolve_checkpoint
+    from seq2seq_cli.run.checkpoint import resolve_checkpoint
+    from seq2seq_cli.run.loaded import load_run, run_config
 
-    model, config, run_dir, meta = load_checkpoint(model_path, "cpu")
-    problems = export_problems(model)
+    problems = export_problems(run_config(model_path).model)
     if problems:
         raise UserError(f"{model_path}: cannot be exported as a Marian model: {'; '.join(problems)}")
-    check_output_dir(output_dir, force, [resolve_checkpoint(model_path)[1], run_dir], "exported")
-    src_tok, tgt_tok = load_run_tokenizers(model_path, run_dir, config, meta)
+    run_dir, ckpt = resolve_checkpoint(model_path)
+    check_output_dir(output_dir, force, [ckpt, run_dir], "exported")
+    run = load_run(model_path, "cpu")
     with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete
-        _write_hf(out, model, config, run_dir, src_tok, tgt_tok)
+        _write_hf(out, run)
     return output_dir
 
 
-def _write_hf(output_dir: Path, model: Any, config: Any, run_dir: Path, src_tok: Any, tgt_tok: Any) -> None:
+def _write_hf(output_dir: Path, run: Any) -> None:
     """The files of `export_hf` written into `output_dir`."""
     from safetensors.torch import save_file
 
-    from seq2seq_cli.data.tokenizer import VOCAB_FILES, model_paths
     from seq2seq_cli.run.checkpoint import atomic_write, atomic_write_text
 
+    model, config = run.model, run.config
     joint, vocabulary = config.tokenizer.joint, config.tokenizer.vocabulary
+    src_tok, tgt_tok = run.src_sp, run.tgt_sp
     if vocabulary == "file":
-        spm_files = [run_dir / VOCAB_FILES["source"][0], run_dir / VOCAB_FILES["target"][0]]
+        spm_files = list(run.layout.vocab_spm())
     else:
-        spm_files = list(model_paths(run_dir, joint))
-    for given, name in zip(spm_files, ("source.spm", "target.spm")):
+        spm_files = list(run.layout.spm_models(joint))
+    for given, name in zip(spm_files, (SOURCE_SPM, TARGET_SPM)):
         shutil.copyfile(given, output_dir / name)
 
     def vocab(tok: Any) -> str:
         return json.dumps({tok.id_to_piece(i): i for i in range(tok.get_piece_size())}, ensure_ascii=False, indent=0)
 
-    atomic_write_text(output_dir / "vocab.json", vocab(src_tok))
+    atomic_write_text(output_dir / SOURCE_VOCAB, vocab(src_tok))
     separate = not joint
     if separate:
-        atomic_write_text(output_dir / "target_vocab.json", vocab(tgt_tok))
+        atomic_write_text(output_dir / TARGET_VOCAB, vocab(tgt_tok))
     tokenizer_config = {
         "tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "model_max_length": model.cfg.max_positions,
         "eos_token": tgt_tok.id_to_piece(EOS), "unk_token": tgt_tok.id_to_piece(UNK), "pad_token": tgt_tok.id_to_piece(PAD),

@@ -21,9 +21,7 @@ import errno
 import json
 import math
 import os
-import re
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,20 +31,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig, validate_config
-from seq2seq_cli.data.tokenizer import (
-    TOKENIZER_SHA256,
-    check_fingerprint,
-    check_vocab_sizes,
-    load_tokenizers,
-    tokenizer_fingerprint,
-)
+from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig
+from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256, check_fingerprint, tokenizer_fingerprint
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps, sha256
-from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
+from seq2seq_cli.layout import BEST, CHECKPOINTS, LAST, MANIFEST, STATE, STEP, WEIGHTS, RunLayout, managed, step_name
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 FORMAT_VERSION = "1"
-CHECKPOINT_DIR = "checkpoints"
 
 
 def save_weights(path: Path, model: Seq2SeqTransformer, config: Config, meta: dict[str, Any]) -> None:
@@ -92,19 +84,15 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 def _files(ckpt_dir: Path, name: str) -> dict[str, Path]:
     return {
-        "weights": ckpt_dir / f"{name}.safetensors",
-        "state": ckpt_dir / f"{name}.state.pt",
-        "manifest": ckpt_dir / f"{name}.json",
+        "weights": ckpt_dir / f"{name}{WEIGHTS}",
+        "state": ckpt_dir / f"{name}{STATE}",
+        "manifest": ckpt_dir / f"{name}{MANIFEST}",
     }
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def step_names(ckpt_dir: Path) -> list[str]:
     """Names of the kept step checkpoints, newest first (complete or not)."""
-    names = {m.group(1) for p in ckpt_dir.glob("step-*.safetensors") if (m := re.fullmatch(r"(step-\d+)\.safetensors", p.name))}
+    names = {p.name[: -len(WEIGHTS)] for p in ckpt_dir.glob(f"step-*{WEIGHTS}") if STEP.fullmatch(p.name[: -len(WEIGHTS)])}
     return sorted(names, reverse=True)
 
 
@@ -125,9 +113,9 @@ def save_checkpoint(
         "sha256": {"weights": sha256(files["weights"]), "state": sha256(files["state"])},
     }
     atomic_write_text(files["manifest"], json.dumps(manifest, indent=1))
-    _link_set(ckpt_dir, name, "last", ("weights", "state", "manifest"))
+    _link_set(ckpt_dir, name, LAST, ("weights", "state", "manifest"))
     if best:
-        _link_set(ckpt_dir, name, "best", ("weights", "manifest"))
+        _link_set(ckpt_dir, name, BEST, ("weights", "manifest"))
     for old in step_names(ckpt_dir)[keep_last:]:
         for path in _files(ckpt_dir, old).values():
             path.unlink(missing_ok=True)
@@ -171,8 +159,8 @@ def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool) -> str | None
 def find_resumable(ckpt_dir: Path) -> tuple[str, list[str]]:
     """The newest intact checkpoint to resume from -> (name, problems of newer ones skipped)."""
     problems: list[str] = []
-    for name in ["last", *step_names(ckpt_dir)]:
-        if name == "last" and not _files(ckpt_dir, name)["weights"].exists() and not _files(ckpt_dir, name)["manifest"].exists():
+    for name in [LAST, *step_names(ckpt_dir)]:
+        if name == LAST and not _files(ckpt_dir, name)["weights"].exists() and not _files(ckpt_dir, name)["manifest"].exists():
             continue
         problem = verify_checkpoint(ckpt_dir, name, need_state=True)
         if problem is None:
@@ -191,67 +179,27 @@ def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
     """
     p = Path(model_path)
     if p.is_dir():
-        for name in ("best", "last"):
-            ckpt = p / CHECKPOINT_DIR / f"{name}.safetensors"
+        layout = RunLayout(p)
+        for ckpt in (layout.best, layout.last):
             if ckpt.is_file():
                 return p, ckpt
-        raise UserError(f"{p}: no checkpoints/best.safetensors or checkpoints/last.safetensors; is it a trained run directory?")
+        raise UserError(f"{p}: no {CHECKPOINTS}/{layout.best.name} or {CHECKPOINTS}/{layout.last.name}; "
+                        "is it a trained run directory?")
     if p.is_file():
-        if p.parent.name != CHECKPOINT_DIR:
+        if p.parent.name != CHECKPOINTS:
             raise UserError(
-                f"{p}: a checkpoint file is used from its run directory (RUN/{CHECKPOINT_DIR}/{p.name}), "
+                f"{p}: a checkpoint file is used from its run directory (RUN/{CHECKPOINTS}/{p.name}), "
                 "where its tokenizer lies; give the run directory or a checkpoint inside it"
             )
         return p.parent.parent, p
     raise UserError(f"{p}: model not found (expected a run directory or a .safetensors checkpoint)")
 
 
-def load_run_tokenizers(model_path: str | Path, run_dir: Path, config: Config, meta: dict[str, str]) -> tuple[Any, Any]:
-    """The (source, target) tokenizers of the run `load_checkpoint(model_path)` read (`run_dir`,
-    `config`, and `meta`, the checkpoint's metadata), loaded as its config says (SentencePiece
-    or a vocabulary file) and refused when they do not belong to the checkpoint: other
-    vocabulary sizes, or files other than those it records (`check_vocab_sizes`)."""
-    t = config.tokenizer
-    src, tgt = load_tokenizers(run_dir, t.joint, t.vocabulary)
-    check_vocab_sizes(run_dir, t.joint, t.vocabulary, src, tgt, resolve_checkpoint(model_path)[1],
-                      int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta.get(TOKENIZER_SHA256))
-    return src, tgt
-
-
-def load_checkpoint(
-    model_path: str | Path, device: str | torch.device = "cpu"
-) -> tuple[Seq2SeqTransformer, Config, Path, dict[str, str]]:
-    """Build the model described by a checkpoint and load its weights.
-
-    -> (model in eval mode, config, run directory, metadata)
-    """
-    run_dir, ckpt = resolve_checkpoint(model_path)
-    manifest = ckpt.with_suffix(".json").is_file()
-    if manifest:
-        problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
-        if problem is not None:
-            raise UserError(f"{ckpt}: {problem}")
-    else:
-        check_safetensors_layout(ckpt)
-    meta = read_metadata(ckpt)
-    config = validate_config(json.loads(meta["config"]), f"{ckpt} (embedded config)")
-    model = build_model(config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
-    load_weights(model, ckpt, device)
-    if not manifest:
-        bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
-        if bad:
-            raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
-        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix('.json').name}), so the weights cannot be fully "
-              "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
-    model.to(device).eval()
-    return model, config, run_dir, meta
-
-
 def verify_weights(ckpt: Path) -> None:
-    """Refuse a weights file that cannot be trusted, as `load_checkpoint` does: with a manifest
+    """Refuse a weights file that cannot be trusted, as `load_run` does: with a manifest
     beside it, a sha256 that does not match; without one, a header or sizes that do not add up.
     Then refuse weights that hold NaN or infinite values (read one tensor at a time)."""
-    if ckpt.with_suffix(".json").is_file():
+    if ckpt.with_suffix(MANIFEST).is_file():
         problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
         if problem is not None:
             raise UserError(f"{ckpt}: {problem}")
@@ -374,18 +322,18 @@ def average_checkpoints(run_dir: Path, last: int, output: Path | None = None) ->
     NAME not one the run manages (best, last, step-N), and it is written with its manifest
     NAME.json. Checkpoints that training rotates away while they are read are listed again
     once; a second miss is reported as one line."""
-    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
+    ckpt_dir = RunLayout(run_dir).checkpoints
     if not ckpt_dir.is_dir():
-        raise UserError(f"{run_dir}: no checkpoints directory; is it a trained run directory?")
-    output = Path(output) if output else ckpt_dir / f"average-last-{last}.safetensors"
+        raise UserError(f"{run_dir}: no {CHECKPOINTS} directory; is it a trained run directory?")
+    output = Path(output) if output else ckpt_dir / f"average-last-{last}{WEIGHTS}"
     if output.parent.resolve() != ckpt_dir.resolve():
         raise UserError(
             f"{output}: an averaged checkpoint is written into its run's checkpoints directory "
             f"{ckpt_dir}, where --model finds the run's tokenizer (to use it elsewhere, copy the whole run directory)"
         )
-    if output.suffix != ".safetensors" or not output.stem or output.stem.startswith("."):
+    if output.suffix != WEIGHTS or not output.stem or output.stem.startswith("."):
         raise UserError(f"{output}: an averaged checkpoint is a NAME.safetensors file (its manifest is NAME.json)")
-    if output.stem in ("best", "last") or re.fullmatch(r"step-\d+", output.stem):
+    if managed(output.stem):
         raise UserError(
             f"{output}: {output.name} is a checkpoint the run manages (best, last, step-N); "
             "give the average another name, e.g. average.safetensors"

@@ -25,11 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from seq2seq_cli.errors import UserError
-
-LOCK_NAME = ".lock"
-CHECKPOINT_DIR = "checkpoints"  # the name checkpoint.CHECKPOINT_DIR gives it
-# What belongs to one training run (removed by --overwrite); the tokenizer and the data cache stay.
-RUN_OUTPUTS = (CHECKPOINT_DIR, "metrics.jsonl", "tensorboard", "plots")
+from seq2seq_cli.layout import BEST, LAST, RunLayout
 
 _held: dict[Path, tuple[IO[str], int]] = {}  # lock path -> (open file, how many holders in this process)
 
@@ -51,7 +47,7 @@ def acquire(run_dir: Path, command: str) -> Path:
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir}: run_dir is a file, expected a directory (or a path that does not exist yet)")
     check_writable(run_dir)
-    lock_path = (run_dir / LOCK_NAME).resolve()
+    lock_path = RunLayout(run_dir).lock.resolve()
     if lock_path in _held:
         f, count = _held[lock_path]
         _held[lock_path] = (f, count + 1)
@@ -76,9 +72,6 @@ def acquire(run_dir: Path, command: str) -> Path:
     return lock_path
 
 
-RUN_SUBDIRS = ("cache", "checkpoints", "plots", "tensorboard")  # what a run writes into besides its top level
-
-
 def check_writable(run_dir: Path) -> None:
     """Create `run_dir` if need be and check that this process may write in it, so that a
     read-only run directory is named as such, not blamed on the first file written there
@@ -91,9 +84,9 @@ def check_writable(run_dir: Path) -> None:
                         "use a run_dir in a writable place") from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise UserError(f"{run_dir}: run directory is not writable; make it writable (chmod u+w), or use another run_dir")
-    for sub in RUN_SUBDIRS:
-        if (run_dir / sub).is_dir() and not os.access(run_dir / sub, os.W_OK | os.X_OK):
-            raise UserError(f"{run_dir / sub}: directory of the run is not writable; make it writable (chmod u+w), "
+    for sub in RunLayout(run_dir).subdirs:
+        if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
+            raise UserError(f"{sub}: directory of the run is not writable; make it writable (chmod u+w), "
                             "or use another run_dir")
 
 
@@ -123,7 +116,7 @@ def hold(run_dir: Path, command: str) -> Iterator[None]:
 def holder(run_dir: Path) -> str | None:
     """Who holds the lock of `run_dir` in another process ("pid N (COMMAND, since ...)"), or
     None when no process does; the lock is only tested, not kept."""
-    lock_path = Path(run_dir) / LOCK_NAME
+    lock_path = RunLayout(run_dir).lock
     if not lock_path.is_file() or lock_path.resolve() in _held:
         return None
     try:
@@ -150,10 +143,10 @@ def command_line() -> str:
 def has_checkpoints(run_dir: Path) -> bool:
     """Whether the run directory holds a finished checkpoint (a manifest, or `last`/`best`);
     the unfinished files of a first save killed half-way do not make a run."""
-    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
-    if not ckpt_dir.is_dir():
+    layout = RunLayout(run_dir)
+    if not layout.checkpoints.is_dir():
         return False
-    return any(ckpt_dir.glob("*.json")) or any((ckpt_dir / f"{n}.safetensors").exists() for n in ("last", "best"))
+    return any(layout.checkpoints.glob("*.json")) or any(layout.weights(n).exists() for n in (LAST, BEST))
 
 
 def check_fresh_start(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -171,8 +164,7 @@ def clear_run(run_dir: Path) -> list[Path]:
     """Remove what belonged to an earlier training run (checkpoints, metrics, TensorBoard
     events, plots); the tokenizer, the data cache and the config stay -> what was removed."""
     removed = []
-    for name in RUN_OUTPUTS:
-        path = Path(run_dir) / name
+    for path in RunLayout(run_dir).outputs:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():

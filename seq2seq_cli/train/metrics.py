@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.fileio import atomic_write, atomic_write_text
+from seq2seq_cli.layout import RunLayout
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -19,7 +20,7 @@ class MetricsLog:
     """Appends records to RUN/metrics.jsonl and mirrors their numbers to TensorBoard."""
 
     def __init__(self, run_dir: Path, resume_step: int | None, tensorboard: bool) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        self.path = RunLayout(run_dir).metrics
         if resume_step is not None:
             truncate_metrics(self.path, resume_step)
         elif self.path.exists():
@@ -33,7 +34,7 @@ class MetricsLog:
                 warn_once(f"warning: train.tensorboard is on but TensorBoard cannot be imported ({exc}); "
                           f"no events are written to {run_dir / 'tensorboard'} (metrics.jsonl has every record)")
             else:
-                self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+                self.writer = SummaryWriter(str(RunLayout(run_dir).tensorboard), purge_step=resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
         try:

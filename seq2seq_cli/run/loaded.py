@@ -1,0 +1,128 @@
+"""`load_run(path) -> LoadedRun`: a trained run, loaded and verified once, for decoding,
+evaluation and export.
+
+`path` is a run directory (its best checkpoint, else last) or a checkpoint file in its
+`checkpoints/` (see `checkpoint.resolve_checkpoint`). The checkpoint's files are checked
+against its manifest's sha256 (or, without a manifest, the file's layout), its weights must
+all be finite, and the run's tokenizers must be those the checkpoint was trained with: the
+same vocabulary sizes and, where the checkpoint records them, the same files (sha256).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seq2seq_cli.config import Config, validate_config
+from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256, check_fingerprint, load_tokenizers
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.layout import MANIFEST, RunLayout
+from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
+from seq2seq_cli.run.checkpoint import (
+    check_safetensors_layout,
+    load_weights,
+    read_metadata,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint's model (eval mode, on its device), the config it was trained with (its
+    run_dir the run's directory) and the checkpoint's metadata (step, vocabulary sizes, ...)."""
+
+    config: Config
+    model: Seq2SeqTransformer
+    meta: dict[str, str]
+    run_dir: Path
+    checkpoint: Path
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
+
+
+@dataclass
+class LoadedRun(LoadedModel):
+    """A run ready to use: the model and, checked to be the checkpoint's, its (source, target)
+    tokenizers."""
+
+    src_sp: Any  # SentencePieceProcessor, or a VocabTokenizer (tokenizer.vocabulary "file")
+    tgt_sp: Any
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """Load and verify the run (or checkpoint) at `path`; UserError naming the file on any problem."""
+    m = load_model(path, device)
+    t = m.config.tokenizer
+    src_sp, tgt_sp = load_tokenizers(m.run_dir, t.joint, t.vocabulary)
+    loaded = LoadedRun(m.config, m.model, m.meta, m.run_dir, m.checkpoint, src_sp, tgt_sp)
+    check_tokenizers(loaded)
+    return loaded
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """The verified model of the run (or checkpoint) at `path`, without its tokenizers (for
+    `seq2seq info`, which describes the model alone)."""
+    run_dir, ckpt = resolve_checkpoint(path)
+    manifest = ckpt.with_suffix(MANIFEST).is_file()
+    if manifest:
+        problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False)
+        if problem is not None:
+            raise UserError(f"{ckpt}: {problem}")
+    else:
+        check_safetensors_layout(ckpt)
+    meta = read_metadata(ckpt)
+    config = embedded_config(meta, run_dir, ckpt)
+    model = build_model(config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
+    load_weights(model, ckpt, device)
+    check_finite(model, ckpt)
+    if not manifest:
+        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix(MANIFEST).name}), so the weights cannot be fully "
+              "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
+    return LoadedModel(config, model.to(device).eval(), meta, run_dir, ckpt)
+
+
+def run_config(path: str | Path) -> Config:
+    """The config the run (or checkpoint) at `path` was trained with, read from the checkpoint's
+    metadata alone: what can be decided from the architecture is decided before anything is loaded."""
+    run_dir, ckpt = resolve_checkpoint(path)
+    return embedded_config(read_metadata(ckpt), run_dir, ckpt)
+
+
+def embedded_config(meta: dict[str, str], run_dir: Path, ckpt: Path) -> Config:
+    """The config a checkpoint's metadata holds, its run_dir the run the checkpoint is in."""
+    config = validate_config(json.loads(meta["config"]), f"{ckpt} (embedded config)")
+    return config.model_copy(update={"run_dir": str(run_dir)})
+
+
+def check_finite(model: Seq2SeqTransformer, ckpt: Path) -> None:
+    """Refuse weights holding NaN or infinite values (a damaged or badly converted file): the
+    model would answer nothing, or noise, without a word."""
+    bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
+    if bad:
+        raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
+
+
+def check_tokenizers(run: LoadedRun) -> None:
+    """Refuse a tokenizer whose vocabulary is not the one the checkpoint was trained with: the
+    ids would mean other pieces and the translations would be wrong without a word. The sizes
+    are compared first; then, when the checkpoint records one (its `TOKENIZER_SHA256`
+    metadata), the sha256 of the tokenizer files (see `check_fingerprint`)."""
+    t = run.config.tokenizer
+    files = run.layout.vocab_files(t.joint) if t.vocabulary == "file" else run.layout.spm_models(t.joint)
+    sides = (("source", files[0], run.src_sp, int(run.meta["src_vocab"])),
+             ("target", files[1], run.tgt_sp, int(run.meta["tgt_vocab"])))
+    for side, path, tok, want in sides:
+        if tok.get_piece_size() != want:
+            raise UserError(
+                f"{path}: {side} tokenizer has {tok.get_piece_size()} pieces but {run.checkpoint} was trained with "
+                f"{want}; this tokenizer does not belong to the checkpoint"
+            )
+    check_fingerprint(run.run_dir, run.checkpoint, run.meta.get(TOKENIZER_SHA256))
