@@ -32,7 +32,7 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:  # tensorboard is a dependency; a broken install only loses the events
                 warn_once(f"warning: train.tensorboard is on but TensorBoard cannot be imported ({exc}); "
-                          f"no events are written to {run_dir / 'tensorboard'} (metrics.jsonl has every record)")
+                          f"no events are written to {RunLayout(run_dir).tensorboard} (metrics.jsonl has every record)")
             else:
                 self.writer = SummaryWriter(str(RunLayout(run_dir).tensorboard), purge_step=resume_step)
 
