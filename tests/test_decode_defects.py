@@ -203,7 +203,8 @@ def test_evaluate_refuses_an_nbest_file_against_one_reference_per_line(run, tmp_
 
 
 def test_copies_of_a_line_get_different_samples(run):
-    args = ["translate", "-m", str(run), "--sampling", "--seed", "3", "--max-len-a", "0", "--max-len-b", "8"]
+    args = ["translate", "-m", str(run), "--sampling", "--seed", "3", "--max-len-a", "0", "--max-len-b", "8",
+            "--batch-tokens", "8"]  # a few sentences per batch: each batch must not start the same samples over
     r = runner.invoke(app, args, input="hola amigo\n" * 40)
     assert r.exit_code == 0, r.output
     rows = r.stdout.splitlines()
