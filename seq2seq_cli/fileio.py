@@ -110,6 +110,14 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def check_directory_target(dest: Path) -> None:
+    """Refuse a symbolic link or a file where a directory is to be written."""
+    if dest.is_symlink():
+        raise UserError(f"{dest}: is a symbolic link; write into a directory that is not a link")
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"{dest}: is a file, expected a directory to write into")
+
+
 @contextlib.contextmanager
 def replacing_dir(dest: Path) -> Iterator[Path]:
     """Yield an empty temporary directory beside `dest` to write into; when the body succeeds,
@@ -117,10 +125,7 @@ def replacing_dir(dest: Path) -> Iterator[Path]:
     then the old one removed). When the body fails, the temporary directory is removed and
     `dest` is left as it was. A symbolic link or a file at `dest` is refused."""
     dest = Path(dest)
-    if dest.is_symlink():
-        raise UserError(f"{dest}: is a symbolic link; write into a directory that is not a link")
-    if dest.exists() and not dest.is_dir():
-        raise UserError(f"{dest}: is a file, expected a directory to write into")
+    check_directory_target(dest)
     dest = dest.resolve()
     if not dest.name:
         raise UserError(f"{dest}: cannot be replaced; write into another directory")

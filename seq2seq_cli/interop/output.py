@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import replacing_dir
+from seq2seq_cli.fileio import check_directory_target, replacing_dir
 from seq2seq_cli.run import runlock
 
 
@@ -23,10 +23,7 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[Path], what: str) 
     """Refuse `out` as the directory to write when writing there could lose data; `inputs` are
     the files and directories of the model being read, `what` is "imported" or "exported"."""
     out = Path(out)
-    if out.is_symlink():
-        raise UserError(f"{out}: is a symbolic link; write into a directory that is not a link")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: is a file, expected a directory to write into")
+    check_directory_target(out)
     target = out.resolve()
     for given in inputs:
         held = Path(given).resolve()
