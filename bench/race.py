@@ -15,6 +15,7 @@ Two modes:
 
     python bench/race.py --minutes 10 --repeat 2          # timed: ours, hf, ours, hf; medians
     python bench/race.py --steps 300,1000,1500            # equal updates: valid nll at each
+    python bench/race.py --speed 60                       # time per update, interleaved, real batches
 
 The timed mode scores BLEU/chrF (sacreBLEU, with signatures) of beam search on `--split`
 (ours: the `translate` code path on the run; HF: `generate`) and valid nll (our loss code on
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -109,8 +111,9 @@ class MarianAdapter(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in).logits
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in).logits
+        return logits if rows is None else logits[rows]  # validation scores target positions only
 
 
 def hf_model(config: Config, vocab: int):
@@ -205,6 +208,60 @@ def run_hf(config: Config, steps: list[int]) -> dict:
             "precision": precision}
 
 
+def speed(config: Config, updates: int) -> dict:
+    """Time per update of both systems in one process, interleaved on the same real batches
+    (the first `updates` of epoch 0), so that a change in the machine's load hits both alike.
+    Each makes its own update as its trainer does: ours `batch_loss` (output layer on target
+    positions only), clipping, fused AdamW and the moving average; HF its logits everywhere
+    and our loss (as its race loop). Finds causes; the timed race is what claims."""
+    from seq2seq_cli.data.batching import collate, epoch_batches
+    from seq2seq_cli.model.transformer import build_model
+    from seq2seq_cli.train.ema import averaged_copy
+    from seq2seq_cli.train.loop import autocast, batch_loss
+    from seq2seq_cli.train.loss import label_smoothed_nll
+    from seq2seq_cli.train.setup import make_optimizer
+
+    t, cpu = config.train, torch.device("cpu")
+    _, tgt_sp, train, _ = corpora(config)
+    vocab = tgt_sp.get_piece_size()
+    batches = [collate(train, b) for b in epoch_batches(train, t.max_tokens, t.seed, 0)[:updates]]
+    torch.manual_seed(t.seed)
+    ours = build_model(config.model, vocab, vocab, True)
+    hf = MarianAdapter(hf_model(config, vocab))
+    average = averaged_copy(ours, t.ema_decay) if t.ema_decay else None
+    precision = hf_precision(config)
+    steps = {}
+    for name, model in (("ours", ours), ("hf", hf)):
+        model.train()
+        optimizer = make_optimizer(model, t, cpu)
+
+        def step(batch, model=model, optimizer=optimizer, name=name) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            if name == "ours":
+                loss, _, tokens = batch_loss(model, batch, config, cpu)
+            else:
+                with autocast(cpu, precision):
+                    logits = model(batch.src, batch.tgt_in)
+                loss, _, tokens = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing)
+            (loss / tokens).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf"))
+            optimizer.step()
+            if name == "ours" and average is not None:
+                average.update_parameters(model)
+
+        steps[name] = step
+    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    for i, batch in enumerate(batches):
+        for name in ("ours", "hf") if i % 2 == 0 else ("hf", "ours"):
+            t0 = time.perf_counter()
+            steps[name](batch)
+            times[name].append(time.perf_counter() - t0)
+    warm = min(5, len(batches) // 4)
+    med = {k: statistics.median(v[warm:]) for k, v in times.items()}
+    return {"updates_timed": len(batches) - warm, "s_per_update": {k: round(v, 4) for k, v in med.items()},
+            "ours_updates_per_hf": round(med["hf"] / med["ours"], 3), "precision": precision}
+
+
 def child(system: str, out: Path) -> None:
     """Train and score one system in this process; write its figures as JSON to `out`."""
     from seq2seq_cli.data.formats import read_split
@@ -223,7 +280,9 @@ def child(system: str, out: Path) -> None:
         config.run_path.mkdir(parents=True, exist_ok=True)
         spm_model.write_bytes(ours_spm.read_bytes())  # the very same tokenizer
     r = run_ours(config, steps) if system == "ours" else run_hf(config, steps)
+    train_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; before decoding
     result: dict[str, Any] = {"updates": r["updates"], "train_s": round(r["train_s"], 1),
+                              "train_peak_rss_mb": round(train_peak),
                               "valid_nll_at": {str(k): round(v, 4) for k, v in sorted(r["valid_nll_at"].items())}}
     if system == "hf":
         result["precision"] = r["precision"]
@@ -278,6 +337,8 @@ def main() -> None:
     ap.add_argument("--config", default="configs/quickstart.yaml")
     ap.add_argument("--minutes", type=float, default=10.0, help="training budget of each system (timed mode)")
     ap.add_argument("--steps", help="equal-updates mode: valid nll of both after these updates, e.g. 300,1000,1500")
+    ap.add_argument("--speed", type=int, metavar="N",
+                    help="time per update of both, interleaved in one process, on the first N batches (needs RUN_DIR/ours)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each system, alternating; medians are reported")
     ap.add_argument("--systems", nargs="+", default=["ours", "hf"], choices=["ours", "hf"])
     ap.add_argument("--hf-precision", default="auto", choices=["auto", "fp32", "bf16"],
@@ -298,6 +359,14 @@ def main() -> None:
     argv = [a for a in sys.argv[1:]]
     cpu = cpu_info()
     print("cpu:", json.dumps(cpu), flush=True)
+    if ARGS.speed:
+        torch.set_num_threads(ARGS.threads)
+        config = load_config(ARGS.config, ["train.device=cpu", f"run_dir={ARGS.run_dir}/ours"] + ARGS.overrides)
+        result = {"cpu": cpu, "threads": ARGS.threads, **speed(config, ARGS.speed)}
+        print(json.dumps(result, indent=1))
+        if ARGS.json:
+            ARGS.json.write_text(json.dumps(result, indent=1))
+        return
     runs: dict[str, list[dict]] = {s: [] for s in ARGS.systems}
     if "hf" in ARGS.systems and "ours" not in ARGS.systems and not (Path(ARGS.run_dir) / "ours" / "spm.model").is_file():
         raise SystemExit(f"race: hf alone needs {ARGS.run_dir}/ours/spm.model (run ours once first)")
@@ -310,7 +379,8 @@ def main() -> None:
     results: dict[str, Any] = {"cpu": cpu, "runs": runs, "median": {s: median_of(rs) for s, rs in runs.items()}}
     if {"ours", "hf"} <= runs.keys():
         o, h = results["median"]["ours"], results["median"]["hf"]
-        keys = ["updates", "peak_rss_mb"] + ([] if ARGS.steps else ["tokens_per_s", f"{ARGS.split}_bleu", f"{ARGS.split}_chrf"])
+        keys = ["updates", "train_peak_rss_mb", "peak_rss_mb"]
+        keys += [] if ARGS.steps else ["tokens_per_s", f"{ARGS.split}_bleu", f"{ARGS.split}_chrf"]
         results["ours/hf"] = {k: round(o[k] / h[k], 3) for k in keys}
         results["valid_nll_at"] = {s: {"ours": o["valid_nll_at"].get(s), "hf": h["valid_nll_at"].get(s)}
                                    for s in h["valid_nll_at"]}

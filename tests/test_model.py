@@ -201,3 +201,27 @@ def test_token_types_default_to_type_zero_and_change_the_encoding():
     assert not torch.allclose(default, model.src_embed(src, types=ones))
     types = model.src_embed.types.weight
     assert torch.allclose(model.src_embed(src, types=ones) - default, types[1] - types[0])
+
+
+def test_logits_of_target_rows_only_equal_the_full_logits_there_and_give_the_same_loss_and_gradient():
+    from seq2seq_cli.train.loss import label_smoothed_nll
+
+    model = tiny_model()
+    model.eval()
+    src, tgt_in = _batch()
+    tgt_out = torch.roll(tgt_in, -1, dims=1)
+    tgt_out[0, -3:] = PAD  # the first sentence is shorter
+    rows = tgt_out != PAD
+    full = model(src, tgt_in)
+    part = model(src, tgt_in, rows)
+    assert part.shape == (int(rows.sum()), full.size(-1))
+    torch.testing.assert_close(part, full[rows])
+    grads = []
+    for logits, target in ((model(src, tgt_in), tgt_out), (model(src, tgt_in, rows), tgt_out[rows])):
+        model.zero_grad()
+        loss, nll, tokens = label_smoothed_nll(logits, target, 0.1)
+        loss.backward()
+        grads.append((loss.item(), nll.item(), tokens.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    assert grads[0][:3] == pytest.approx(grads[1][:3])
+    for a, b in zip(grads[0][3], grads[1][3], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.ids import PAD
+from seq2seq_cli.model.dropout import Dropout, dropout
 from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
 from seq2seq_cli.model.masks import decoder_self_mask, padding_mask
 
@@ -118,7 +119,7 @@ class FeedForward(nn.Module):
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.dropout(self.act(self.w_1(x)), self.activation_dropout, self.training)  # (B, T, F)
+        h = dropout(self.act(self.w_1(x)), self.activation_dropout, self.training)  # (B, T, F)
         return self.w_2(h)
 
 
@@ -128,7 +129,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def input(self, x: Tensor) -> Tensor:
@@ -251,7 +252,7 @@ class Embedding(nn.Module):
             self.register_buffer(
                 "table", sinusoidal_table(cfg.max_positions, cfg.d_model, cfg.position_layout), persistent=False
             )
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start: int = 0, types: Tensor | None = None) -> Tensor:
         """ids: (B, T) at positions start..start+T-1, types: (B, T) segment ids or None -> (B, T, D)."""
@@ -395,9 +396,12 @@ class Seq2SeqTransformer(nn.Module):
         _, decoder, cross = self.decode_with_weights(tgt_in, self.init_state(memory, src_mask))
         return {"encoder": encoder, "decoder": decoder, "cross": cross}
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src: (B, S), tgt_in: (B, T) -> logits (B, T, V)."""
-        return self.logits(self.features(src, tgt_in))
+    def forward(self, src: Tensor, tgt_in: Tensor, rows: Tensor | None = None) -> Tensor:
+        """src: (B, S), tgt_in: (B, T) -> logits (B, T, V); with `rows`, a bool (B, T) mask
+        (the positions that have a target), logits (N, V) of those N positions only: the
+        output layer and the loss skip the padding."""
+        h = self.features(src, tgt_in)
+        return self.logits(h if rows is None else h[rows])
 
     def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src: (B, S), tgt_in: (B, T) -> final decoder hidden states (B, T, D)."""
