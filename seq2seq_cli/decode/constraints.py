@@ -13,7 +13,8 @@ have met, and the K beam slots are shared among banks round robin: the best cand
 each bank (highest bank first), then the second best of each, and so on, so a bank without
 candidates leaves its slots to the others. EOS is allowed only once every phrase is met.
 
-Phrases are unordered and do not overlap: a phrase in progress either continues with its
+With `word_start`, a phrase is met only as whole words: after its last token, the next one
+begins a new word (or is punctuation, or EOS). Phrases are unordered and do not overlap: a phrase in progress either continues with its
 next token or is abandoned (its tokens stop counting), and a token that starts a phrase
 starts the first unmet phrase that begins with it.
 
@@ -62,12 +63,14 @@ def _pack(constraints: list[Phrases], device: torch.device) -> tuple[Tensor, Ten
     return tokens.to(device), lengths.to(device)
 
 
-def _advance(tokens: Tensor, lengths: Tensor, met: Tensor, cur: Tensor, pos: Tensor, tok: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _advance(
+    tokens: Tensor, lengths: Tensor, met: Tensor, cur: Tensor, pos: Tensor, tok: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The constraint state after one token, for M candidates at once.
 
     tokens (M, C, L), lengths (M, C): the phrases of each candidate's sentence; met (M, C)
     phrases met, cur (M,) the phrase in progress (-1: none), pos (M,) its tokens so far; tok
-    (M,) the token taken -> new (met, cur, pos)."""
+    (M,) the token taken -> new (met, cur, pos) and whether the token completed a phrase (M,)."""
     M = tok.size(0)
     rows = torch.arange(M, device=tok.device)
     in_progress = cur >= 0
@@ -86,17 +89,20 @@ def _advance(tokens: Tensor, lengths: Tensor, met: Tensor, cur: Tensor, pos: Ten
     met[rows[complete], new_cur[complete]] = True
     new_cur = torch.where(complete, torch.full_like(new_cur, -1), new_cur)
     new_pos = torch.where(complete, torch.zeros_like(new_pos), new_pos)
-    return met, new_cur, new_pos
+    return met, new_cur, new_pos, complete
 
 
 @torch.inference_mode()
 def constrained_beam_search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, constraints: list[Phrases], nbest: int = 1
+    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, constraints: list[Phrases], nbest: int = 1,
+    word_start: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """src: (B, S), `constraints`: the phrases (target ids) of each sentence -> for each
     sentence its `nbest` hypotheses, best first, each holding every phrase of its sentence.
     Beam size 1 is a beam of one (not greedy search): it takes each phrase as soon as it is
-    the best candidate of the highest bank."""
+    the best candidate of the highest bank. With `word_start` (V,) (the tokens that begin a
+    word, or hold no letter: SentencePiece's "▁" pieces and punctuation, EOS), a phrase is
+    met as whole words: the token after its last one must be one of those."""
     K = opts.beam_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
@@ -115,6 +121,7 @@ def constrained_beam_search(
     met = phrase_lengths == 0  # (b*k, C): padding counts as met
     cur = torch.full((B,), -1, dtype=torch.long, device=device)  # (b*k,)
     pos = torch.zeros(B, dtype=torch.long, device=device)  # (b*k,)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)  # (b*k,) the last token completed a phrase
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
@@ -137,6 +144,15 @@ def constrained_beam_search(
         next_tok = torch.where(in_progress[:, None], following[:, None], row_tokens[:, :, 0])  # (N, C)
         only_cur = torch.nn.functional.one_hot(cur.clamp(min=0), met.size(1)).bool()
         allowed = torch.where(in_progress[:, None], only_cur, ~met)  # (N, C)
+        if word_start is not None and ended.any():  # a phrase just met ends a word
+            er = ended.nonzero().squeeze(1)
+            sub = lprobs[er]  # (E, V)
+            ei, ec = allowed[er].nonzero().unbind(1)
+            phrase_start = next_tok[er][ei, ec]
+            kept = sub[ei, phrase_start]
+            sub.masked_fill_(~word_start, NEG_INF)
+            sub[ei, phrase_start] = kept  # the next phrase may follow at once
+            lprobs[er] = sub
         # A row that could no longer meet its phrases within the limit after another token takes
         # only constraint tokens.
         held = unmet & (step + 1 + totals[sent] - full > row_limits)
@@ -163,7 +179,7 @@ def constrained_beam_search(
         cand_beam, cand_tok = idx // V, idx % V
         parent = (torch.arange(b, device=device)[:, None] * k + cand_beam).view(-1)  # (b*M,)
         tok = cand_tok.view(-1)
-        new_met, new_cur, new_pos = _advance(row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
+        new_met, new_cur, new_pos, new_ended = _advance(row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
         bank = ((new_met.long() * row_lengths[parent]).sum(dim=1) + new_pos).view(b, M)  # (b, M)
         # Round robin over banks: rank within the bank first, then the higher bank.
         alive = cand_scores.isfinite()
@@ -197,7 +213,7 @@ def constrained_beam_search(
         rows_next = parent[flat_pick]
         new_tok = tok[flat_pick]
         history = torch.cat([history.index_select(0, rows_next), new_tok[:, None]], dim=1)
-        met, cur, pos = new_met[flat_pick], new_cur[flat_pick], new_pos[flat_pick]
+        met, cur, pos, ended = new_met[flat_pick], new_cur[flat_pick], new_pos[flat_pick], new_ended[flat_pick]
         state.reorder(rows_next)
         state.group = K
         scores, last = cont_scores, new_tok[:, None]
@@ -208,6 +224,7 @@ def constrained_beam_search(
             state.select(keep_rows)
             history, last = history.index_select(0, keep_rows), last.index_select(0, keep_rows)
             met, cur, pos = met.index_select(0, keep_rows), cur.index_select(0, keep_rows), pos.index_select(0, keep_rows)
+            ended = ended.index_select(0, keep_rows)
             scores, active = scores.index_select(0, keep_s), active.index_select(0, keep_s)
         step += 1
     return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]

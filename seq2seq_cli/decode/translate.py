@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -72,6 +72,7 @@ class Translator:
     device: torch.device
     run_dir: Path | None = None  # the run directory the model was loaded from
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
+    _word_start: Tensor | None = field(default=None, repr=False)  # see `word_start`
 
     @classmethod
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
@@ -121,6 +122,7 @@ class Translator:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
         if constraints is not None and any(constraints) and d.sampling:
             raise UserError("--constraints and --glossary need beam search; leave out --sampling")
+        word_start = self.word_start() if constraints is not None and any(constraints) else None
         if ids is None:
             ids = self.encode(lines)
         out: list[list[Hypothesis]] = [[NO_HYPOTHESIS] * nbest for _ in lines]
@@ -146,7 +148,8 @@ class Translator:
             if held:
                 assert constraints is not None
                 src = pad_batch([ids[i] for i in held], [], []).to(self.device)
-                for i, hyps in zip(held, constrained_beam_search(self.model, src, d, [constraints[i] for i in held], nbest)):
+                found = constrained_beam_search(self.model, src, d, [constraints[i] for i in held], nbest, word_start)
+                for i, hyps in zip(held, found):
                     out[i] = hyps + [NO_HYPOTHESIS] * (nbest - len(hyps))
             if progress is not None:
                 progress.update(len(batch))
@@ -165,6 +168,18 @@ class Translator:
             pool.shutdown(wait=True, cancel_futures=True)  # stopped (Ctrl-C, SIGTERM): no batch waiting starts
             torch.set_num_threads(threads)
         return out
+
+    def word_start(self) -> Tensor:
+        """(V,) the target tokens that begin a word or hold no letter or digit (see
+        `constrained_beam_search`), computed once."""
+        if self._word_start is None:
+            pieces = [self.tgt_sp.id_to_piece(i) for i in range(self.tgt_sp.get_piece_size())]
+            starts = [p.startswith("\u2581") or not any(c.isalnum() for c in p) or self.tgt_sp.is_control(i)
+                      for i, p in enumerate(pieces)]
+            vocab = self.model.tgt_embed.tokens.num_embeddings
+            starts = (starts + [True] * vocab)[:vocab]
+            self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
+        return self._word_start
 
     def translate(self, lines: list[str]) -> list[str]:
         """Translate sentences (1-best) in input order."""
