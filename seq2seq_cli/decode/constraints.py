@@ -14,9 +14,9 @@ each bank (highest bank first), then the second best of each, and so on, so a ba
 candidates leaves its slots to the others. EOS is allowed only once every phrase is met.
 
 With `word_start`, a phrase is met only as whole words: after its last token, the next one
-begins a new word (or is punctuation, or EOS). Phrases are unordered and do not overlap: a phrase in progress either continues with its
-next token or is abandoned (its tokens stop counting), and a token that starts a phrase
-starts the first unmet phrase that begins with it.
+begins a new word (or is punctuation, or EOS). Phrases are unordered and do not overlap: a
+phrase in progress either continues with its next token or is abandoned (its tokens stop
+counting), and a token that starts a phrase starts the first unmet phrase that begins with it.
 
 Output limits: a line's limit (max_len_a * source_len + max_len_b) is raised to the number
 of its constraint tokens when it is lower, and a hypothesis that could not meet its
@@ -179,7 +179,8 @@ def constrained_beam_search(
         cand_beam, cand_tok = idx // V, idx % V
         parent = (torch.arange(b, device=device)[:, None] * k + cand_beam).view(-1)  # (b*M,)
         tok = cand_tok.view(-1)
-        new_met, new_cur, new_pos, new_ended = _advance(row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
+        new_met, new_cur, new_pos, new_ended = _advance(
+            row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
         bank = ((new_met.long() * row_lengths[parent]).sum(dim=1) + new_pos).view(b, M)  # (b, M)
         # Round robin over banks: rank within the bank first, then the higher bank.
         alive = cand_scores.isfinite()

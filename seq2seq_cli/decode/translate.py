@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
-from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
+from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
 from seq2seq_cli.decode.terms import Terminology
