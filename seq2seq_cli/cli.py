@@ -224,21 +224,25 @@ def translate(
     attention_plots: Annotated[Path | None, typer.Option("--attention-plots", help="Write one cross-attention heatmap PNG per sentence into this directory.")] = None,
     attention_layer: Annotated[int, typer.Option("--attention-layer", help="Decoder layer for alignments and plots; -1 = last.")] = -1,
     attention_head: Annotated[int | None, typer.Option("--attention-head", min=0, help="One head for alignments and plots; default the mean over heads.")] = None,
+    constraints: Annotated[Path | None, typer.Option("--constraints", help="One JSON list of target phrases per input line ([] = none): each output holds every phrase of its line (constrained beam search).")] = None,
+    glossary: Annotated[Path | None, typer.Option("--glossary", help="TSV of source term TAB target term: a line containing a source term (whole words, same case) gets its target term as a constraint.")] = None,
     device: DeviceOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
     *,
     decode: dict[str, object],
 ) -> None:
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
+    from seq2seq_cli.decode.terms import Terminology
     from seq2seq_cli.decode.translate import OutputOptions, Translator, translate_file
 
+    terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
     translator = Translator.load(model, device, decode)
     layers = translator.model.cfg.decoder_layers
     if not -layers <= attention_layer < layers:
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
     if attention_head is not None and attention_head >= translator.model.cfg.heads:
         raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
-    opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head)
+    opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology)
     count = translate_file(translator, input, output, opts, progress=progress)
     if output != "-":
         typer.echo(f"wrote {count} lines to {output}", err=True)

@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -29,9 +29,11 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
+from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
@@ -56,6 +58,7 @@ class OutputOptions:
     attention_plots: Path | None = None  # one PNG heatmap per sentence
     attention_layer: int = -1  # decoder layer whose cross-attention is used
     attention_head: int | None = None  # None = mean over heads
+    terminology: Terminology | None = None  # --constraints and --glossary: target phrases each output holds
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Translator:
     device: torch.device
     run_dir: Path | None = None  # the run directory the model was loaded from
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
+    _word_start: Tensor | None = field(default=None, repr=False)  # see `word_start`
 
     @classmethod
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
@@ -104,16 +108,21 @@ class Translator:
 
     def translate_hypotheses(
         self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None,
-        first_line: int = 0,
+        first_line: int = 0, constraints: list[Phrases] | None = None,
     ) -> list[list[Hypothesis]]:
         """Decode a list of sentences -> their n-best hypotheses, in input order.
 
         `ids` are the lines already encoded (`encode`); `progress` advances by the sentences of
         each decoded batch (blank lines, which are not decoded, at once); `first_line` is the
-        line number (from 0) of `lines[0]` in the whole input, which seeds sampling."""
+        line number (from 0) of `lines[0]` in the whole input, which seeds sampling;
+        `constraints`: the target phrases (ids) of each line, decoded by constrained beam
+        search (`seq2seq_cli/decode/constraints.py`); the lines without any decode as without."""
         d = self.decode
         if not d.sampling and nbest > d.beam_size:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
+        if constraints is not None and any(constraints) and d.sampling:
+            raise UserError("--constraints and --glossary need beam search; leave out --sampling")
+        word_start = self.word_start() if constraints is not None and any(constraints) else None
         if ids is None:
             ids = self.encode(lines)
         out: list[list[Hypothesis]] = [[NO_HYPOTHESIS] * nbest for _ in lines]
@@ -129,12 +138,21 @@ class Translator:
         lens = np.array([len(ids[i]) for i in todo], dtype=np.int64)
         batches = [[todo[j] for j in batch] for batch in token_batches(lens, lens, d.batch_tokens)]
 
-        def decode(rows: list[int]) -> None:
-            src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-            for i, hyps in zip(rows, search(self.model, src, d, nbest, lines=[first_line + i for i in rows])):
-                out[i] = hyps
+        def decode(batch: list[int]) -> None:
+            held = [i for i in batch if constraints and constraints[i]]
+            rows = [i for i in batch if not (constraints and constraints[i])]
+            if rows:
+                src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
+                for i, hyps in zip(rows, search(self.model, src, d, nbest, lines=[first_line + i for i in rows])):
+                    out[i] = hyps
+            if held:
+                assert constraints is not None
+                src = pad_batch([ids[i] for i in held], [], []).to(self.device)
+                found = constrained_beam_search(self.model, src, d, [constraints[i] for i in held], nbest, word_start)
+                for i, hyps in zip(held, found):
+                    out[i] = hyps + [NO_HYPOTHESIS] * (nbest - len(hyps))
             if progress is not None:
-                progress.update(len(rows))
+                progress.update(len(batch))
 
         threads = torch.get_num_threads()
         if self.device.type != "cpu" or threads == 1 or len(batches) == 1:
@@ -150,6 +168,18 @@ class Translator:
             pool.shutdown(wait=True, cancel_futures=True)  # stopped (Ctrl-C, SIGTERM): no batch waiting starts
             torch.set_num_threads(threads)
         return out
+
+    def word_start(self) -> Tensor:
+        """(V,) the target tokens that begin a word or hold no letter or digit (see
+        `constrained_beam_search`), computed once."""
+        if self._word_start is None:
+            pieces = [self.tgt_sp.id_to_piece(i) for i in range(self.tgt_sp.get_piece_size())]
+            starts = [p.startswith("\u2581") or not any(c.isalnum() for c in p) or self.tgt_sp.is_control(i)
+                      for i, p in enumerate(pieces)]
+            vocab = self.model.tgt_embed.tokens.num_embeddings
+            starts = (starts + [True] * vocab)[:vocab]
+            self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
+        return self._word_start
 
     def translate(self, lines: list[str]) -> list[str]:
         """Translate sentences (1-best) in input order."""
@@ -216,9 +246,11 @@ class Translator:
 
     def translate_chunks(
         self, chunks: Iterable[list[str]], opts: OutputOptions, progress: tqdm | None = None, cut: list[int] | None = None,
+        input_name: str = "the input",
     ) -> Iterator[list[str]]:
         """Translate chunks of lines -> the output lines of each chunk, in order (see
-        `translate_stream`): each chunk is answered before the next is read."""
+        `translate_stream`): each chunk is answered before the next is read. `input_name`
+        names the input in the messages about its constraints."""
         done = 0
         for chunk in chunks:
             chunk = [line.rstrip("\r\n") for line in chunk]
@@ -226,11 +258,29 @@ class Translator:
             ids = self.encode(chunk, cut_here)
             if cut is not None:
                 cut.extend(done + i + 1 for i in cut_here)
+            constraints = self.constraints(opts.terminology, chunk, done, input_name)
             rows: list[str] = []
-            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress, first_line=done)):
+            hyps_of = self.translate_hypotheses(chunk, opts.nbest, ids, progress, first_line=done, constraints=constraints)
+            for k, hyps in enumerate(hyps_of):
                 rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
             yield rows
             done += len(chunk)
+        if opts.terminology is not None:
+            opts.terminology.check_line_count(done, input_name)
+
+    def constraints(self, terms: Terminology | None, lines: list[str], first: int, input_name: str) -> list[Phrases] | None:
+        """The constraint phrases (target ids) of `lines`, the input lines `first`.. (from 0),
+        or None without terminology; a line whose phrases hold more tokens than the model's
+        output positions is a UserError naming it."""
+        if terms is None:
+            return None
+        phrases = terms.phrases(self.tgt_sp, lines, first, input_name)
+        limit = max_source_subwords(self.model)
+        for i, p in enumerate(phrases):
+            if sum(map(len, p)) > limit:
+                raise UserError(f"{input_name}:{first + i + 1}: the constraints of this line have {sum(map(len, p))} "
+                                f"target tokens, more than the model's {limit} output positions")
+        return phrases
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -288,21 +338,30 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
     if out != "-" and Path(out).is_dir():
         raise UserError(f"{out}: is a directory, expected a file name to write")
     if out != "-":
-        check_output(Path(out), {"input": Path(src)} if src != "-" else {}, translator.run_dir, "the translation")
+        inputs = {"input": Path(src)} if src != "-" else {}
+        if opts.terminology is not None:
+            inputs.update(opts.terminology.files())
+        check_output(Path(out), inputs, translator.run_dir, "the translation")
     if opts.attention_plots is not None:
         prepare_plot_dir(opts.attention_plots)
+    if opts.terminology is not None:
+        if translator.decode.sampling:
+            raise UserError("--constraints and --glossary need beam search; leave out --sampling")
+        opts.terminology.check_tokens(translator.tgt_sp)
     if src == "-":
         stdin = getattr(sys.stdin, "buffer", None)
         chunks = stdin_chunks(stdin, CHUNK_LINES) if stdin is not None else chunked(sys.stdin, CHUNK_LINES)
         total: int | None = None
     else:
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
+        if opts.terminology is not None:
+            opts.terminology.check_line_count(total, src)
         chunks = chunked(iter_lines(Path(src)), CHUNK_LINES)
     if opts.attention_plots is not None:
         chunks = warn_about_plots(chunks, total)
     cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_chunks(chunks, opts, bar, cut)
+        outputs = translator.translate_chunks(chunks, opts, bar, cut, "stdin" if src == "-" else src)
         if out != "-":
             with terminate_as_interrupt():  # SIGTERM removes the temporary file, as Ctrl-C does
                 count = write_lines(Path(out), (line for rows in outputs for line in rows))

@@ -1,0 +1,231 @@
+"""Lexically constrained beam search: every given target phrase appears in each output.
+
+Dynamic beam allocation (Post & Vilar 2018), in the vectorised form of Hu et al. (2019):
+each hypothesis has met some number of constraint tokens (a phrase in progress counts the
+tokens it has so far), and hypotheses are grouped into banks by that number. Each step, the
+candidates of a sentence are
+    the top 2K continuations of its whole beam (as in ordinary beam search),
+    for each hypothesis the next constraint token(s) it may take: the next token of the
+        phrase in progress, else the first token of each phrase not met yet,
+    for each hypothesis its single best token;
+duplicates are dropped, each candidate goes to the bank of the constraint tokens it would
+have met, and the K beam slots are shared among banks round robin: the best candidate of
+each bank (highest bank first), then the second best of each, and so on, so a bank without
+candidates leaves its slots to the others. EOS is allowed only once every phrase is met.
+
+With `word_start`, a phrase is met only as whole words: after its last token, the next one
+begins a new word (or is punctuation, or EOS). Phrases are unordered and do not overlap: a
+phrase in progress either continues with its next token or is abandoned (its tokens stop
+counting), and a token that starts a phrase starts the first unmet phrase that begins with it.
+
+Output limits: a line's limit (max_len_a * source_len + max_len_b) is raised to the number
+of its constraint tokens when it is lower, and a hypothesis that could not meet its
+remaining phrases within the limit any more is held to constraint tokens, so every
+sentence ends with all its phrases (n-best included).
+
+Shape legend (as in search.py)
+    B   sentences still being decoded      K   beam size          V   vocabulary size
+    k   rows per sentence this step         N   decoder rows (b*k)
+    C   phrases per sentence (padded)       L   tokens per phrase (padded)
+    M   candidates per sentence
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.search import NEG_INF, Hypothesis, _decoder_state, length_penalty, max_lengths, step_log_probs
+from seq2seq_cli.ids import EOS
+from seq2seq_cli.model.transformer import Seq2SeqTransformer
+
+Phrases = list[list[int]]  # the constraints of one sentence: each a phrase of target token ids
+
+
+def constrained_limits(src: Tensor, model: Seq2SeqTransformer, opts: DecodeConfig, totals: Tensor) -> Tensor:
+    """(B,) output limits of `max_lengths`, each raised to its sentence's number of
+    constraint tokens `totals` (B,) where lower."""
+    return torch.maximum(max_lengths(src, model, opts.max_len_a, opts.max_len_b), totals)
+
+
+def _pack(constraints: list[Phrases], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Phrases of B sentences -> tokens (B, C, L) padded with -1 and lengths (B, C), 0 for padding."""
+    B = len(constraints)
+    C = max(1, max(len(p) for p in constraints))
+    L = max(1, max((len(t) for p in constraints for t in p), default=1))
+    tokens = torch.full((B, C, L), -1, dtype=torch.long)
+    lengths = torch.zeros((B, C), dtype=torch.long)
+    for b, phrases in enumerate(constraints):
+        for c, phrase in enumerate(phrases):
+            tokens[b, c, : len(phrase)] = torch.tensor(phrase, dtype=torch.long)
+            lengths[b, c] = len(phrase)
+    return tokens.to(device), lengths.to(device)
+
+
+def _advance(
+    tokens: Tensor, lengths: Tensor, met: Tensor, cur: Tensor, pos: Tensor, tok: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The constraint state after one token, for M candidates at once.
+
+    tokens (M, C, L), lengths (M, C): the phrases of each candidate's sentence; met (M, C)
+    phrases met, cur (M,) the phrase in progress (-1: none), pos (M,) its tokens so far; tok
+    (M,) the token taken -> new (met, cur, pos) and whether the token completed a phrase (M,)."""
+    M = tok.size(0)
+    rows = torch.arange(M, device=tok.device)
+    in_progress = cur >= 0
+    c = cur.clamp(min=0)
+    expected = tokens[rows, c, pos.clamp(max=tokens.size(2) - 1)]  # (M,)
+    continues = in_progress & (tok == expected)
+    # Not continuing: the token may start the first unmet phrase beginning with it.
+    starts = ~met & (tokens[:, :, 0] == tok[:, None])  # (M, C)
+    started = starts.any(dim=1) & ~continues
+    first = starts.int().argmax(dim=1)  # (M,)
+    new_cur = torch.where(continues, cur, torch.where(started, first, torch.full_like(cur, -1)))
+    new_pos = torch.where(continues, pos + 1, started.long())
+    length = lengths[rows, new_cur.clamp(min=0)]
+    complete = (new_cur >= 0) & (new_pos >= length)
+    met = met.clone()
+    met[rows[complete], new_cur[complete]] = True
+    new_cur = torch.where(complete, torch.full_like(new_cur, -1), new_cur)
+    new_pos = torch.where(complete, torch.zeros_like(new_pos), new_pos)
+    return met, new_cur, new_pos, complete
+
+
+@torch.inference_mode()
+def constrained_beam_search(
+    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, constraints: list[Phrases], nbest: int = 1,
+    word_start: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """src: (B, S), `constraints`: the phrases (target ids) of each sentence -> for each
+    sentence its `nbest` hypotheses, best first, each holding every phrase of its sentence.
+    Beam size 1 is a beam of one (not greedy search): it takes each phrase as soon as it is
+    the best candidate of the highest bank. With `word_start` (V,) (the tokens that begin a
+    word, or hold no letter: SentencePiece's "▁" pieces and punctuation, EOS), a phrase is
+    met as whole words: the token after its last one must be one of those."""
+    K = opts.beam_size
+    if not 1 <= nbest <= K:
+        raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
+    if len(constraints) != src.size(0):
+        raise ValueError(f"{len(constraints)} constraint lists for {src.size(0)} sentences")
+    B, device = src.size(0), src.device
+    phrase_tokens, phrase_lengths = _pack(constraints, device)  # (B, C, L), (B, C)
+    totals = phrase_lengths.sum(dim=1)  # (B,) constraint tokens of each sentence
+    banks = int(totals.max()) + 1
+    memory, src_mask, _ = model.encode(src)
+    limits = constrained_limits(src, model, opts, totals)  # (B,)
+    state = _decoder_state(model, memory, src_mask, B * K, limits)
+    active = torch.arange(B, device=device)
+    scores = torch.zeros((B, 1), device=device)  # (b, k)
+    history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
+    met = phrase_lengths == 0  # (b*k, C): padding counts as met
+    cur = torch.full((B,), -1, dtype=torch.long, device=device)  # (b*k,)
+    pos = torch.zeros(B, dtype=torch.long, device=device)  # (b*k,)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)  # (b*k,) the last token completed a phrase
+    n_finished = torch.zeros(B, dtype=torch.long, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
+    step = 0
+    while active.numel():
+        b, k = scores.shape
+        N = b * k
+        sent = active.repeat_interleave(k)  # (N,) the sentence of each row
+        row_tokens, row_lengths, row_limits = phrase_tokens[sent], phrase_lengths[sent], limits[sent]
+        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)  # (N, V)
+        V = lprobs.size(-1)
+        full = (met.long() * row_lengths).sum(dim=1)  # (N,) tokens of the phrases met
+        unmet = full < totals[sent]
+        lprobs[unmet, EOS] = NEG_INF
+        # The next constraint tokens of each row: the next of the phrase in progress, else the
+        # first of each unmet phrase.
+        in_progress = cur >= 0
+        rows = torch.arange(N, device=device)
+        following = row_tokens[rows, cur.clamp(min=0), pos.clamp(max=row_tokens.size(2) - 1)]  # (N,)
+        next_tok = torch.where(in_progress[:, None], following[:, None], row_tokens[:, :, 0])  # (N, C)
+        only_cur = torch.nn.functional.one_hot(cur.clamp(min=0), met.size(1)).bool()
+        allowed = torch.where(in_progress[:, None], only_cur, ~met)  # (N, C)
+        if word_start is not None and ended.any():  # a phrase just met ends a word
+            er = ended.nonzero().squeeze(1)
+            sub = lprobs[er]  # (E, V)
+            ei, ec = allowed[er].nonzero().unbind(1)
+            phrase_start = next_tok[er][ei, ec]
+            kept = sub[ei, phrase_start]
+            sub.masked_fill_(~word_start, NEG_INF)
+            sub[ei, phrase_start] = kept  # the next phrase may follow at once
+            lprobs[er] = sub
+        # A row that could no longer meet its phrases within the limit after another token takes
+        # only constraint tokens.
+        held = unmet & (step + 1 + totals[sent] - full > row_limits)
+        if held.any():
+            keep = torch.full_like(lprobs, NEG_INF)
+            hr, hc = (held[:, None] & allowed).nonzero().unbind(1)
+            keep[hr, next_tok[hr, hc]] = lprobs[hr, next_tok[hr, hc]]
+            lprobs = torch.where(held[:, None], keep, lprobs)
+        cand = lprobs.view(b, k, V) + scores[:, :, None]  # (b, k, V)
+        flat = cand.view(b, k * V)
+        # Candidates: the top 2K of the beam, the constraint tokens, each row's best token.
+        top_idx = flat.topk(min(2 * K, k * V), dim=1).indices  # (b, 2K)
+        beam_of_row = torch.arange(k, device=device).repeat(b)  # (N,)
+        cons_idx = (beam_of_row[:, None] * V + next_tok.clamp(min=0)).masked_fill(~allowed, -1).view(b, -1)  # (b, k*C)
+        best_idx = (beam_of_row * V + lprobs.argmax(dim=1)).view(b, k)  # (b, k)
+        idx = torch.cat([top_idx, cons_idx, best_idx], dim=1)  # (b, M)
+        idx, _ = idx.sort(dim=1)
+        dup = torch.zeros_like(idx, dtype=torch.bool)
+        dup[:, 1:] = idx[:, 1:] == idx[:, :-1]
+        invalid = dup | (idx < 0)
+        idx = idx.clamp(min=0)
+        cand_scores = flat.gather(1, idx).masked_fill(invalid, NEG_INF)  # (b, M)
+        M = idx.size(1)
+        cand_beam, cand_tok = idx // V, idx % V
+        parent = (torch.arange(b, device=device)[:, None] * k + cand_beam).view(-1)  # (b*M,)
+        tok = cand_tok.view(-1)
+        new_met, new_cur, new_pos, new_ended = _advance(
+            row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
+        bank = ((new_met.long() * row_lengths[parent]).sum(dim=1) + new_pos).view(b, M)  # (b, M)
+        # Round robin over banks: rank within the bank first, then the higher bank.
+        alive = cand_scores.isfinite()
+        order = cand_scores.argsort(dim=1, descending=True, stable=True)
+        sorted_bank = bank.gather(1, order)
+        onehot = torch.nn.functional.one_hot(sorted_bank, banks)  # (b, M, banks)
+        rank_sorted = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # (b, M)
+        rank = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
+        key = rank * banks + (banks - 1 - bank)
+        key = key.masked_fill(~alive, M * banks * 2)
+        chosen = key.argsort(dim=1, stable=True)  # (b, M), best first
+        chosen_scores = cand_scores.gather(1, chosen)
+        chosen_tok = cand_tok.gather(1, chosen)
+        is_eos = chosen_tok == EOS
+        top = min(K, M)
+        ended = is_eos[:, :top] & chosen_scores[:, :top].isfinite()  # (b, K)
+        if ended.any():
+            lp = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
+            i, j = ended.nonzero().unbind(1)
+            sentences = active[i]
+            n_finished.index_add_(0, sentences, torch.ones_like(sentences))
+            ended_rows = i * k + cand_beam[i, chosen[i, j]]
+            for s, raw, toks in zip(sentences.tolist(), chosen_scores[i, j].tolist(), history[ended_rows].tolist()):
+                finished[s].append(Hypothesis(toks, raw / lp, raw))
+        # The K best (in bank order) that do not end here continue (M >= K: the top 2K alone give K).
+        go = chosen_scores.masked_fill(is_eos, NEG_INF)
+        cont_key = (~go.isfinite()).long().argsort(dim=1, stable=True)[:, :K]  # (b, K) positions in `chosen`
+        pick = chosen.gather(1, cont_key)  # (b, K) candidate positions
+        cont_scores = go.gather(1, cont_key)
+        flat_pick = (torch.arange(b, device=device)[:, None] * M + pick).view(-1)  # (b*K,)
+        rows_next = parent[flat_pick]
+        new_tok = tok[flat_pick]
+        history = torch.cat([history.index_select(0, rows_next), new_tok[:, None]], dim=1)
+        met, cur, pos, ended = new_met[flat_pick], new_cur[flat_pick], new_pos[flat_pick], new_ended[flat_pick]
+        state.reorder(rows_next)
+        state.group = K
+        scores, last = cont_scores, new_tok[:, None]
+        done = (n_finished[active] >= K) | (step >= limits[active]) | ~cont_scores.isfinite().any(dim=1)
+        if done.any():
+            keep_s = (~done).nonzero().squeeze(1)
+            keep_rows = (keep_s[:, None] * K + torch.arange(K, device=device)).view(-1)
+            state.select(keep_rows)
+            history, last = history.index_select(0, keep_rows), last.index_select(0, keep_rows)
+            met, cur, pos = met.index_select(0, keep_rows), cur.index_select(0, keep_rows), pos.index_select(0, keep_rows)
+            ended = ended.index_select(0, keep_rows)
+            scores, active = scores.index_select(0, keep_s), active.index_select(0, keep_s)
+        step += 1
+    return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]

@@ -1,0 +1,262 @@
+"""translate --constraints and --glossary: every phrase in every output (beam 1 and 5, n-best,
+int8 and bf16), [] decodes exactly as without constraints, and bad files are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, SHIPPED, random_sources, tiny_model
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import DecodeConfig, load_config
+from seq2seq_cli.decode.constraints import constrained_beam_search, constrained_limits
+from seq2seq_cli.decode.search import beam_search, max_lengths
+from seq2seq_cli.train.loop import train
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split."""
+    tmp = tmp_path_factory.mktemp("constraints")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    for split in ("train", "valid"):
+        raw["data"][split] = str(SHIPPED / "valid")
+    raw["train"]["max_steps"] = 40
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return train(load_config(path), progress=False, log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> list[tuple[str, list[str]]]:
+    """Test sentences with one or two words of their reference as constraints (the longest
+    word, and a capitalised one after the first word where there is one)."""
+    src = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:10]
+    ref = (SHIPPED / "test.en").read_text(encoding="utf-8").splitlines()[:10]
+    out = []
+    for s, r in zip(src, ref):
+        words = re.findall(r"[A-Za-z]+", r)
+        terms = [max(words, key=len)]
+        terms += [w for w in words[1:] if w[0].isupper() and w not in terms][:1]
+        out.append((s, terms))
+    return out
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def translate(run_dir: Path, tmp_path: Path, sources: list[str], *args: str) -> list[str]:
+    """`translate` of `sources` with `args`; outputs limited to about the source's length (the
+    tiny model rarely ends a sentence by itself)."""
+    src = write(tmp_path / "in.es", sources)
+    limit = ["--max-len-a", "0.8", "--max-len-b", "2"]
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-progress", *limit, *args])
+    assert r.exit_code == 0, r.output
+    return r.stdout.splitlines()
+
+
+# --- the search itself, on a random model ---------------------------------------------------
+
+
+def _sharpened(seed: int = 0):
+    model = tiny_model(seed=seed)
+    with torch.no_grad():
+        model.tgt_embed.tokens.weight.mul_(4.0)
+    return model
+
+
+def _holds(tokens: list[int], phrase: list[int]) -> bool:
+    return any(tokens[i : i + len(phrase)] == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+CONSTRAINTS = [[[5, 6]], [], [[7], [8, 9, 10]], [[11]], [[12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 4, 5, 6]], []]
+
+
+@pytest.mark.parametrize("beam", [1, 3, 5])
+def test_every_hypothesis_holds_every_phrase_and_empty_lists_change_nothing(beam):
+    model, src = _sharpened(1), random_sources(n=6)
+    opts = DecodeConfig(beam_size=beam, max_len_a=1.5, max_len_b=4)
+    held = constrained_beam_search(model, src, opts, CONSTRAINTS, nbest=beam)
+    plain = beam_search(model, src, opts, nbest=beam)
+    for phrases, hyps, free in zip(CONSTRAINTS, held, plain):
+        assert 1 <= len(hyps) <= beam  # a phrase as long as the limit leaves one output
+        for h in hyps:
+            assert all(_holds(h.tokens, p) for p in phrases), (phrases, h.tokens)
+        if not phrases:
+            assert [h.tokens for h in hyps] == [h.tokens for h in free]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in free], abs=1e-5)
+
+
+def test_with_word_starts_a_phrase_ends_a_word():
+    model, src = _sharpened(2), random_sources(n=6)
+    word_start = torch.ones(23, dtype=torch.bool)
+    word_start[13:23] = False  # tokens 13..22 continue a word
+    phrases = [[[5, 6]], [[7]], [[8, 9], [10]], [[11]], [[4]], [[12, 5]]]
+    opts = DecodeConfig(beam_size=4, max_len_a=1.5, max_len_b=4)
+    for ps, hyps in zip(phrases, constrained_beam_search(model, src, opts, phrases, 4, word_start)):
+        for h in hyps:
+            t = h.tokens + [3]  # EOS ends a word
+            for p in ps:
+                ends = [i + len(p) for i in range(len(t) - len(p)) if t[i : i + len(p)] == p]
+                assert any(word_start[t[e]] for e in ends), (p, h.tokens)
+
+
+def test_a_limit_too_short_for_the_constraints_is_raised_to_fit():
+    model, src = tiny_model(seed=5), random_sources(n=6)
+    opts = DecodeConfig(beam_size=3, max_len_a=0.0, max_len_b=2)
+    totals = torch.tensor([sum(map(len, c)) for c in CONSTRAINTS])
+    limits = constrained_limits(src, model, opts, totals)
+    assert limits.tolist() == torch.maximum(max_lengths(src, model, 0.0, 2), totals).tolist()
+    for phrases, hyps, limit in zip(CONSTRAINTS, constrained_beam_search(model, src, opts, CONSTRAINTS, 3), limits):
+        for h in hyps:
+            assert len(h.tokens) <= limit and all(_holds(h.tokens, p) for p in phrases)
+
+
+# --- translate --constraints / --glossary ---------------------------------------------------
+
+
+@pytest.mark.parametrize("beam", ["1", "5"])
+def test_every_constraint_is_in_every_output(run_dir, pairs, tmp_path, beam):
+    cons = write(tmp_path / "c.jsonl", [json.dumps(t) for _, t in pairs])
+    out = translate(run_dir, tmp_path, [s for s, _ in pairs], "-b", beam, "--constraints", str(cons))
+    assert len(out) == len(pairs)
+    missing = [(t, o) for (_, terms), o in zip(pairs, out) for t in terms if t not in o]
+    assert not missing
+
+
+@pytest.mark.parametrize("extra", [["--quantize", "int8"], ["--precision", "bf16"]])
+def test_constraints_hold_with_int8_and_bf16(run_dir, pairs, tmp_path, extra):
+    cons = write(tmp_path / "c.jsonl", [json.dumps(t) for _, t in pairs[:6]])
+    out = translate(run_dir, tmp_path, [s for s, _ in pairs[:6]], "-b", "4", "--constraints", str(cons), *extra)
+    assert all(t in o for (_, terms), o in zip(pairs[:6], out) for t in terms)
+
+
+def test_nbest_lines_each_hold_the_constraints(run_dir, pairs, tmp_path):
+    cons = write(tmp_path / "c.jsonl", [json.dumps(t) for _, t in pairs[:6]])
+    out = translate(run_dir, tmp_path, [s for s, _ in pairs[:6]], "-b", "4", "--nbest", "3", "--scores",
+                    "--constraints", str(cons))
+    assert len(out) == 18
+    for k, (_, terms) in enumerate(pairs[:6]):
+        rows = out[3 * k : 3 * k + 3]
+        scores = [float(row.rsplit("\t", 1)[1]) for row in rows]
+        assert scores == sorted(scores, reverse=True)
+        assert all(t in row.rsplit("\t", 1)[0] for row in rows for t in terms)
+
+
+def test_empty_lists_give_exactly_the_unconstrained_output(run_dir, pairs, tmp_path):
+    sources = [s for s, _ in pairs]
+    plain = translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores")
+    none = write(tmp_path / "none.jsonl", ["[]"] * len(pairs))
+    assert translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", "--constraints", str(none)) == plain
+    mixed = write(tmp_path / "mixed.jsonl", [json.dumps(t) if i % 2 else "[]" for i, (_, t) in enumerate(pairs)])
+    got = translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", "--constraints", str(mixed))
+    for i in range(0, len(pairs), 2):
+        assert got[2 * i : 2 * i + 2] == plain[2 * i : 2 * i + 2]
+    plain1 = translate(run_dir, tmp_path, sources, "-b", "1")
+    assert translate(run_dir, tmp_path, sources, "-b", "1", "--constraints", str(none)) == plain1
+
+
+def test_glossary_terms_become_constraints(run_dir, pairs, tmp_path):
+    sources = [s for s, _ in pairs[:8]]
+    # a source word of the first line (whole word, same case) -> a target term
+    word = re.findall(r"\w+", sources[0])[-1]
+    gloss = write(tmp_path / "terms.tsv", [f"{word}\tJerusalem", "nonexistentword\tBabylon"])
+    out = translate(run_dir, tmp_path, sources, "-b", "3", "--glossary", str(gloss))
+    for s, o in zip(sources, out):
+        assert ("Jerusalem" in o) or not re.search(rf"(?<!\w){re.escape(word)}(?!\w)", s)
+    assert "Jerusalem" in out[0] and not any("Babylon" in o for o in out)
+    # merged with --constraints
+    cons = write(tmp_path / "c.jsonl", [json.dumps(t) for _, t in pairs[:8]])
+    both = translate(run_dir, tmp_path, sources, "-b", "3", "--glossary", str(gloss), "--constraints", str(cons))
+    assert "Jerusalem" in both[0] and all(t in o for (_, terms), o in zip(pairs[:8], both) for t in terms)
+
+
+def test_glossary_matches_whole_words_in_the_files_case():
+    from seq2seq_cli.decode.terms import Glossary
+
+    g = Glossary(Path("g.tsv"), {"Dios": ("God", 1), "rey de Israel": ("king of Israel", 2), "rey": ("king", 3)})
+    assert g.matches("el rey de Israel y Dios") == ["rey de Israel", "Dios"]
+    assert g.matches("dios, Diosa, reyes") == []
+    assert g.matches("rey, rey; Dios.") == ["rey", "Dios"]
+
+
+# --- bad files: one line, exit 1, no traceback ------------------------------------------------
+
+
+def _case(tmp: Path, name: str, text: str, flag: str = "--constraints") -> list[str]:
+    path = tmp / name
+    path.write_text(text, encoding="utf-8")
+    return [flag, str(path)]
+
+
+ERROR_CASES = {
+    "constraints-invalid-json": (
+        lambda t: _case(t, "c.jsonl", '[]\n["Moses"\n'),
+        ["c.jsonl:2: invalid JSON (Expecting ',' delimiter: line 1 column 9 (char 8)); expected a JSON list of target phrases"]),
+    "constraints-not-a-list": (
+        lambda t: _case(t, "c.jsonl", '[]\n{"Moses": 1}\n'),
+        ['c.jsonl:2: expected a JSON list of target phrases (strings), got {"Moses": 1}']),
+    "constraints-line-count": (
+        lambda t: _case(t, "c.jsonl", "[]\n"),
+        ["c.jsonl has 1 lines but", "in.es has 2; expected one JSON list of target phrases per input line"]),
+    "constraints-empty-phrase": (
+        lambda t: _case(t, "c.jsonl", '[]\n["Moses", " "]\n'),
+        ["c.jsonl:2: target phrase ' ' tokenizes to nothing; give a phrase with text in it"]),
+    "constraints-unknown-characters": (
+        lambda t: _case(t, "c.jsonl", '[]\n["\u4e2d\u6587"]\n'),
+        ["c.jsonl:2: target phrase '\u4e2d\u6587' holds characters the target vocabulary lacks (they would become <unk>)"]),
+    "constraints-too-long": (
+        lambda t: _case(t, "c.jsonl", "[]\n" + json.dumps([" ".join(["the"] * 300)]) + "\n"),
+        ["in.es:2: the constraints of this line have 300 target tokens, more than the model's"]),
+    "constraints-empty-line": (
+        lambda t: _case(t, "c.jsonl", '[]\n["Moses"]\n'),
+        ["c.jsonl:2: constraints for an empty input line, which is not translated; use []"]),
+    "constraints-sampling": (
+        lambda t: [*_case(t, "c.jsonl", '[]\n["Moses"]\n'), "--sampling"],
+        ["--constraints and --glossary need beam search; leave out --sampling"]),
+    "glossary-no-tab": (
+        lambda t: _case(t, "terms.tsv", "Dios\tGod\nMoisés Moses\n", "--glossary"),
+        ["terms.tsv:2: expected a source term, a TAB and a target term; found no TAB"]),
+    "glossary-empty-target": (
+        lambda t: _case(t, "terms.tsv", "Dios\tGod\nMoisés\t\n", "--glossary"),
+        ["terms.tsv:2: target phrase '' tokenizes to nothing"]),
+    "glossary-duplicate": (
+        lambda t: _case(t, "terms.tsv", "Dios\tGod\nDios\tLord\n", "--glossary"),
+        ["terms.tsv:2: source term 'Dios' is already on line 1; give each source term once"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_bad_constraint_or_glossary_file_is_one_line(run_dir, tmp_path, case):
+    make, fragments = ERROR_CASES[case]
+    second = "" if case == "constraints-empty-line" else "Moisés y Dios"
+    src = write(tmp_path / "in.es", ["Dios dijo", second])
+    out = tmp_path / "out.en"
+    out.write_text("earlier\n", encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress",
+                            *make(tmp_path)])
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert out.read_text(encoding="utf-8") == "earlier\n"  # nothing already written is lost
+
+
+def test_every_constraint_case_is_documented():
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text[text.index("## Constraints and glossaries") :]
+    documented = set(re.findall(r"^\| ((?:constraints|glossary)-[a-z0-9-]+) \|", section, flags=re.MULTILINE))
+    assert documented == set(ERROR_CASES)
