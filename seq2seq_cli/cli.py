@@ -226,6 +226,7 @@ def translate(
     attention_head: Annotated[int | None, typer.Option("--attention-head", min=0, help="One head for alignments and plots; default the mean over heads.")] = None,
     device: DeviceOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
+    prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -239,7 +240,7 @@ def translate(
     if attention_head is not None and attention_head >= translator.model.cfg.heads:
         raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
     opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head)
-    count = translate_file(translator, input, output, opts, progress=progress)
+    count = translate_file(translator, input, output, opts, progress=progress, prefix=prefix)
     if output != "-":
         typer.echo(f"wrote {count} lines to {output}", err=True)
 

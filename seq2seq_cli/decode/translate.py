@@ -3,7 +3,9 @@
 Input is read in chunks; each chunk is sorted by length, cut into batches by a source-token
 budget, decoded, detokenised and written back in input order, so memory stays bounded on
 large files and the output lines match the input lines one for one (an empty input line
-gives an empty output line). With --nbest N each input gives N consecutive lines.
+gives an empty output line). With --nbest N each input gives N consecutive lines. With
+--prefix FILE each output starts with its line of FILE, tokenized with the run's target
+tokenizer (see `search`): one line of target text per input line, an empty line for none.
 
 Attention-based extras (hard alignments, attention heatmaps, unknown-token replacement)
 re-run the finished hypotheses through the decoder with the explicit attention path, so
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -102,15 +104,27 @@ class Translator:
             cut.extend(i for i, s in enumerate(encoded) if len(s) > limit)
         return [s[:limit] + [EOS] for s in encoded]
 
+    def encode_prefixes(self, texts: list[str], where: Callable[[int], str]) -> list[list[int]]:
+        """Forced prefixes as target ids, one per text (blank = none); a prefix longer than the
+        model's outputs can be is a UserError naming `where(i)` (its file and line)."""
+        limit = max_source_subwords(self.model)
+        prefixes = [self.tgt_sp.encode(t) if t.strip() else [] for t in texts]
+        for i, p in enumerate(prefixes):
+            if len(p) > limit:
+                raise UserError(f"{where(i)}: the prefix has {len(p)} target pieces; the model's outputs hold at most {limit}")
+        return prefixes
+
     def translate_hypotheses(
         self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None,
-        first_line: int = 0,
+        first_line: int = 0, prefixes: list[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Decode a list of sentences -> their n-best hypotheses, in input order.
 
         `ids` are the lines already encoded (`encode`); `progress` advances by the sentences of
         each decoded batch (blank lines, which are not decoded, at once); `first_line` is the
-        line number (from 0) of `lines[0]` in the whole input, which seeds sampling."""
+        line number (from 0) of `lines[0]` in the whole input, which seeds sampling;
+        `prefixes` (`encode_prefixes`, one per line) are forced at the start of the outputs
+        (a blank line with a prefix gives the prefix alone)."""
         d = self.decode
         if not d.sampling and nbest > d.beam_size:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
@@ -122,7 +136,8 @@ class Translator:
         if blank:  # not translated: the empty output, with the model's score for it
             empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
             src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
-            for i, hyps in zip(blank, search(self.model, src, empty, 1)):
+            forced = [prefixes[i] for i in blank] if prefixes else None
+            for i, hyps in zip(blank, search(self.model, src, empty, 1, prefixes=forced)):
                 out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
@@ -131,7 +146,8 @@ class Translator:
 
         def decode(rows: list[int]) -> None:
             src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-            for i, hyps in zip(rows, search(self.model, src, d, nbest, lines=[first_line + i for i in rows])):
+            forced = [prefixes[i] for i in rows] if prefixes else None
+            for i, hyps in zip(rows, search(self.model, src, d, nbest, [first_line + i for i in rows], forced)):
                 out[i] = hyps
             if progress is not None:
                 progress.update(len(rows))
@@ -206,19 +222,22 @@ class Translator:
 
     def translate_stream(
         self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None,
-        cut: list[int] | None = None,
+        cut: list[int] | None = None, prefix: PrefixFile | None = None,
     ) -> Iterator[str]:
         """Translate an iterable of lines chunk by chunk; yields the output lines in order.
         `progress` (a tqdm bar) advances by the sentences of each decoded batch; the line
-        numbers (from 1) of lines cut to the model's positions are appended to `cut`."""
-        for rows in self.translate_chunks(chunked(lines, chunk_lines), opts, progress, cut):
+        numbers (from 1) of lines cut to the model's positions are appended to `cut`;
+        `prefix` gives each line its forced prefix."""
+        for rows in self.translate_chunks(chunked(lines, chunk_lines), opts, progress, cut, prefix):
             yield from rows
 
     def translate_chunks(
         self, chunks: Iterable[list[str]], opts: OutputOptions, progress: tqdm | None = None, cut: list[int] | None = None,
+        prefix: PrefixFile | None = None,
     ) -> Iterator[list[str]]:
         """Translate chunks of lines -> the output lines of each chunk, in order (see
-        `translate_stream`): each chunk is answered before the next is read."""
+        `translate_stream`): each chunk is answered before the next is read. With `prefix`,
+        input lines beyond its lines, or fewer than them, are a UserError."""
         done = 0
         for chunk in chunks:
             chunk = [line.rstrip("\r\n") for line in chunk]
@@ -226,11 +245,46 @@ class Translator:
             ids = self.encode(chunk, cut_here)
             if cut is not None:
                 cut.extend(done + i + 1 for i in cut_here)
+            prefixes = None if prefix is None else prefix.take(done, len(chunk))
             rows: list[str] = []
-            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress, first_line=done)):
+            for k, hyps in enumerate(self.translate_hypotheses(chunk, opts.nbest, ids, progress, done, prefixes)):
                 rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
             yield rows
             done += len(chunk)
+        if prefix is not None:
+            prefix.check_count(done)
+
+
+class PrefixFile:
+    """The lines of a --prefix file (target text each output starts with; blank = none),
+    checked (UTF-8) and tokenized once, before anything is translated, then handed out chunk
+    by chunk along the input."""
+
+    def __init__(self, path: Path, input_name: str, translator: Translator) -> None:
+        if not path.exists() and not path.is_symlink():
+            raise UserError(f"{path}: prefix file not found (expected one line of target text per input line)")
+        check_text_file(path)
+        self.path = path
+        self.input_name = input_name
+        self.lines = list(iter_lines(path))
+        if self.lines:
+            self.lines[0] = self.lines[0].removeprefix("\ufeff")
+        self.ids = translator.encode_prefixes(self.lines, lambda i: f"{path}:{i + 1}")
+
+    def mismatch(self, input_lines: int | str) -> UserError:
+        return UserError(f"{self.path} has {len(self.lines)} lines but the input {self.input_name} has {input_lines}; "
+                         "give one prefix per input line (an empty line for none)")
+
+    def check_count(self, input_lines: int) -> None:
+        """Refuse an input whose line count is not the file's."""
+        if input_lines != len(self.lines):
+            raise self.mismatch(input_lines)
+
+    def take(self, start: int, count: int) -> list[list[int]]:
+        """The target ids of the prefixes of input lines start .. start+count-1 (from 0)."""
+        if start + count > len(self.lines):
+            raise self.mismatch(f"more ({start + count} at least)")
+        return self.ids[start : start + count]
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -275,8 +329,12 @@ def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]
     plt.close(fig)
 
 
-def translate_file(translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True) -> int:
+def translate_file(
+    translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True,
+    prefix: Path | None = None,
+) -> int:
     """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of output lines.
+    `prefix`: a file of target text each output starts with, one line per input line.
 
     Stdin (a terminal or a pipe) is answered as it arrives: the lines already there are
     translated and written before more is read (`stdin_chunks`); files go in chunks of CHUNK_LINES.
@@ -288,7 +346,11 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
     if out != "-" and Path(out).is_dir():
         raise UserError(f"{out}: is a directory, expected a file name to write")
     if out != "-":
-        check_output(Path(out), {"input": Path(src)} if src != "-" else {}, translator.run_dir, "the translation")
+        inputs = {"input": Path(src)} if src != "-" else {}
+        if prefix is not None:
+            inputs["--prefix"] = prefix
+        check_output(Path(out), inputs, translator.run_dir, "the translation")
+    prefix_file = None if prefix is None else PrefixFile(prefix, "stdin" if src == "-" else src, translator)
     if opts.attention_plots is not None:
         prepare_plot_dir(opts.attention_plots)
     if src == "-":
@@ -297,12 +359,14 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         total: int | None = None
     else:
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
+        if prefix_file is not None:
+            prefix_file.check_count(total)
         chunks = chunked(iter_lines(Path(src)), CHUNK_LINES)
     if opts.attention_plots is not None:
         chunks = warn_about_plots(chunks, total)
     cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_chunks(chunks, opts, bar, cut)
+        outputs = translator.translate_chunks(chunks, opts, bar, cut, prefix_file)
         if out != "-":
             with terminate_as_interrupt():  # SIGTERM removes the temporary file, as Ctrl-C does
                 count = write_lines(Path(out), (line for rows in outputs for line in rows))
