@@ -11,7 +11,9 @@ Every search decodes a whole batch at once; sentences that are finished leave th
 output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
 which EOS is forced; with min_len, EOS is banned before that many tokens.
 
-The searches decode with the model they are given: the callers pack it for oneDNN once
+The searches decode with the model they are given, or an `Ensemble` of models (see
+`seq2seq_cli/decode/ensemble.py`: each member decodes with its own cache, their
+distributions are averaged at each step): the callers pack it for oneDNN once
 (`seq2seq_cli/decode/onednn.py`); the decoder's self-attention cache is allocated once per search for
 the source length, and grows only for outputs longer than that.
 
@@ -37,9 +39,13 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.ensemble import Ensemble, EnsembleState
 from seq2seq_cli.ids import EOS, PAD, UNK
 from seq2seq_cli.model.kv_cache import DecoderState
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
+
+Decoder = Seq2SeqTransformer | Ensemble  # what the searches decode with: one model, or several as one
+State = DecoderState | EnsembleState
 
 NEG_INF = float("-inf")
 
@@ -61,13 +67,13 @@ def length_penalty(length: int, alpha: float, kind: str) -> float:
     return float(length) ** alpha
 
 
-def max_source_subwords(model: Seq2SeqTransformer) -> int:
+def max_source_subwords(model: Decoder) -> int:
     """The most source subwords (EOS not counted) a sentence is decoded from; longer ones are
     cut to this many (`Translator.encode`)."""
     return model.cfg.max_positions - 2
 
 
-def max_lengths(src: Tensor, model: Seq2SeqTransformer, a: float, b: int) -> Tensor:
+def max_lengths(src: Tensor, model: Decoder, a: float, b: int) -> Tensor:
     """src: (B, S) -> (B,) output length limits a*|x|+b (|x| counting EOS), capped by the
     model's positions (the longest source `max_source_subwords` allows). The one place
     output limits are computed: in float64 and capped before they become integers, so no
@@ -113,7 +119,7 @@ def forced_tokens(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor
 
 
 def step_log_probs(
-    model: Seq2SeqTransformer, last: Tensor, state: DecoderState, step: int, limits: Tensor,
+    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor,
     history: Tensor, opts: DecodeConfig, forced: Tensor | None = None,
 ) -> Tensor:
     """One decoder step with every constraint applied.
@@ -123,11 +129,35 @@ def step_log_probs(
     -> log-probabilities (N, V): PAD and the decoder start token (and UNK with ban_unk) banned, EOS banned before
     min_len, n-gram repeats banned, EOS forced at the limit; a forced row keeps only its token.
     """
+    lprobs = next_log_probs(model, last, state)
+    return constrain(lprobs, step, limits, history, opts, model.cfg.decoder_start_id, forced)
+
+
+def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
+    """The model's log-probabilities (N, V) of the next token after `last` (N, 1); an
+    ensemble's members each decode with their own state, and their probabilities are averaged."""
+    if isinstance(model, Ensemble):
+        assert isinstance(state, EnsembleState)
+        return model.average([next_log_probs(m, last, s) for m, s in zip(model.models, state.states)])
+    assert isinstance(state, DecoderState)
     h, _ = model.decode(last, state, incremental=True)
     logits = model.logits(h[:, -1]).float()  # (N, V)
     # In place on CPU: a fresh (N, V) tensor each step costs more in page faults than the op.
-    lprobs = torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
-    return constrain(lprobs, step, limits, history, opts, model.cfg.decoder_start_id, forced)
+    return torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
+
+
+def start_state(model: Decoder, src: Tensor, rows: int, limits: Tensor) -> State:
+    """Encode `src` (B, S) and make the decoder state for up to `rows` decoder rows (see
+    `_decoder_state`); for an ensemble, one per member."""
+    if isinstance(model, Ensemble):
+        return EnsembleState([_as_one(start_state(m, src, rows, limits)) for m in model.models])
+    memory, src_mask, _ = model.encode(src)
+    return _decoder_state(model, memory, src_mask, rows, limits)
+
+
+def _as_one(state: State) -> DecoderState:
+    assert isinstance(state, DecoderState)
+    return state
 
 
 def constrain(
@@ -194,16 +224,15 @@ def _draw(probs: Tensor, generators: list[torch.Generator]) -> Tensor:
 
 @torch.inference_mode()
 def greedy_search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None,
+    model: Decoder, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None,
     prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with the row's generator in
     `generators` (B of them); `prefix` (B, P): forced prefixes (`prefix_tensor`)."""
-    memory, src_mask, _ = model.encode(src)
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     B, device = src.size(0), src.device
-    state = _decoder_state(model, memory, src_mask, B, limits)
+    state = start_state(model, src, B, limits)
     active = torch.arange(B, device=device)  # original row of each decoder row
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
@@ -252,7 +281,7 @@ def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, 
 
 @torch.inference_mode()
 def beam_search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, prefix: Tensor | None = None
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, prefix: Tensor | None = None
 ) -> list[list[Hypothesis]]:
     """src: (B, S) -> for each sentence its `nbest` hypotheses, best first; `prefix` (B, P):
     forced prefixes (`prefix_tensor`).
@@ -269,9 +298,8 @@ def beam_search(
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
     B, device = src.size(0), src.device
-    memory, src_mask, _ = model.encode(src)
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
-    state = _decoder_state(model, memory, src_mask, B * K, limits)
+    state = start_state(model, src, B * K, limits)
     active = torch.arange(B, device=device)  # original sentence of each beam group
     scores = torch.zeros((B, 1), device=device)  # (b, k) running log-probabilities
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
@@ -319,7 +347,7 @@ def beam_search(
 
 @torch.inference_mode()
 def sample(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
     prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """`nbest` independent samples per sentence, best first; `lines` are the sentences'
@@ -335,7 +363,7 @@ def sample(
 
 
 def search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
     prefixes: list[list[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Sampling when asked (`lines`: the input line of each sentence, see `sample`), greedy

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -31,15 +31,16 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
-from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
+from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
-from seq2seq_cli.run.loaded import load_run
+from seq2seq_cli.run.loaded import LoadedRun, load_run
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -62,24 +63,31 @@ class OutputOptions:
 
 @dataclass
 class Translator:
-    """A loaded run: model, tokenizers and the decoding options to use."""
+    """A loaded run: model, tokenizers and the decoding options to use. With several runs
+    (`load` of a list), `model` is their `Ensemble` and the tokenizers, decoding settings and
+    languages are the first run's."""
 
-    model: Seq2SeqTransformer
+    model: Decoder
     src_sp: SentencePieceProcessor
     tgt_sp: SentencePieceProcessor
     decode: DecodeConfig
     device: torch.device
     run_dir: Path | None = None  # the run directory the model was loaded from
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
+    ensemble_runs: tuple[Path, ...] = ()  # the run directories of an ensemble's other members
 
     @classmethod
-    def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
-        """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
-        decode settings and are validated like the config."""
+    def load(
+        cls, model_path: str | Path | Sequence[str | Path], device: str = "auto", overrides: dict[str, object] | None = None,
+    ) -> Translator:
+        """Load a run directory or checkpoint, or several as an ensemble (a list of two or
+        more); `overrides` (DecodeConfig keys) replace the (first) run's decode settings and
+        are validated like the config."""
+        paths = [model_path] if isinstance(model_path, (str, Path)) else list(model_path)
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
-        run = load_run(model_path, dev)
+        run = load_run(paths[0], dev)
         settings = run.config.decode.model_dump()
         settings.update(overrides or {})
         try:
@@ -90,10 +98,26 @@ class Translator:
         if not decode.sampling and decode.beam_size > vocab:
             where = "--beam-size" if "beam_size" in (overrides or {}) else "decode.beam_size (the run's config)"
             raise UserError(f"{where} {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
-        model = run.model.to(decoding_dtype(decode, dev))
+        runs = [run]
+        for path in paths[1:]:
+            runs.append(load_run(path, dev))
+            check_member(runs[-1], path, run, paths[0])
+        # weights are fixed: pack them once
+        models = [for_decoding(r.model.to(decoding_dtype(decode, dev)), decode.quantize) for r in runs]
         languages = (run.config.data.src_lang, run.config.data.tgt_lang)
-        model = for_decoding(model, decode.quantize)  # weights are fixed: pack them once
-        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages)
+        model: Decoder = models[0] if len(models) == 1 else Ensemble(models)
+        others = tuple(r.run_dir for r in runs[1:])
+        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, others)
+
+    @property
+    def attention_model(self) -> Seq2SeqTransformer:
+        """The model whose cross-attention gives alignments, plots and unknown-word
+        replacement: the model, or an ensemble's first member."""
+        return self.model.models[0] if isinstance(self.model, Ensemble) else self.model
+
+    def run_dirs(self) -> list[Path]:
+        """The run directories of the model (every member's, for an ensemble)."""
+        return ([] if self.run_dir is None else [self.run_dir]) + list(self.ensemble_runs)
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the
@@ -175,10 +199,11 @@ class Translator:
         """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
         tokens then EOS, columns are source subwords then EOS."""
         src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[self.model.cfg.decoder_start_id] + tokens], device=self.device)
+        model = self.attention_model
+        tgt_in = torch.tensor([[model.cfg.decoder_start_id] + tokens], device=self.device)
         with torch.no_grad():
-            memory, src_mask, _ = self.model.encode(src)
-            _, weights = self.model.decode(tgt_in, self.model.init_state(memory, src_mask), need_weights=True)
+            memory, src_mask, _ = model.encode(src)
+            _, weights = model.decode(tgt_in, model.init_state(memory, src_mask), need_weights=True)
         w = weights[layer][0]  # (H, T+1, S)
         return (w.mean(dim=0) if head is None else w[head]).float().cpu()
 
@@ -287,6 +312,30 @@ class PrefixFile:
         return self.ids[start : start + count]
 
 
+def vocabulary_difference(mine: SentencePieceProcessor, first: SentencePieceProcessor) -> str | None:
+    """How a tokenizer's vocabulary differs from another's (None: the same pieces, id for id)."""
+    if mine.get_piece_size() != first.get_piece_size():
+        return f"{mine.get_piece_size()} pieces, {first.get_piece_size()} in"
+    for i in range(mine.get_piece_size()):
+        if mine.id_to_piece(i) != first.id_to_piece(i):
+            return f"piece {i} is {mine.id_to_piece(i)!r} there, {first.id_to_piece(i)!r} in"
+    return None
+
+
+def check_member(run: LoadedRun, path: str | Path, first: LoadedRun, first_path: str | Path) -> None:
+    """Refuse an ensemble member whose ids mean other pieces than the first run's (target or
+    source vocabulary) or whose outputs start with another token."""
+    for side, mine, theirs in (("target", run.tgt_sp, first.tgt_sp), ("source", run.src_sp, first.src_sp)):
+        diff = vocabulary_difference(mine, theirs)
+        if diff is not None:
+            raise UserError(f"{path}: its {side} vocabulary differs from that of {first_path} ({diff} {first_path}); "
+                            f"an ensemble's models need the same {side} vocabulary")
+    a, b = run.model.cfg.decoder_start_id, first.model.cfg.decoder_start_id
+    if a != b:
+        raise UserError(f"{path}: starts its outputs with token {a}, {first_path} with {b}; an ensemble's models "
+                        "need the same decoder start token")
+
+
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
     """Lists of `size` consecutive lines (the last one shorter)."""
     it = iter(lines)
@@ -349,7 +398,9 @@ def translate_file(
         inputs = {"input": Path(src)} if src != "-" else {}
         if prefix is not None:
             inputs["--prefix"] = prefix
-        check_output(Path(out), inputs, translator.run_dir, "the translation")
+        protected: list[Path | None] = [*translator.run_dirs()] or [None]  # None: no run to protect
+        for run_dir in protected:
+            check_output(Path(out), inputs, run_dir, "the translation")
     prefix_file = None if prefix is None else PrefixFile(prefix, "stdin" if src == "-" else src, translator)
     if opts.attention_plots is not None:
         prepare_plot_dir(opts.attention_plots)
