@@ -69,6 +69,9 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override a config key: --set train.max_steps=2000 (repeatable)."),
 ]
 ModelOpt = Annotated[Path, typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint) or a checkpoint file.")]
+ModelsOpt = Annotated[list[Path], typer.Option(
+    "--model", "-m", metavar="RUN", help="Run directory (uses best, else last checkpoint) or a checkpoint file; repeat for an ensemble "
+                          "(the models' probabilities averaged at each step; one target vocabulary).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
 
 # The decoding flags of translate and evaluate, one per DecodeConfig field (in its order): the
@@ -215,7 +218,7 @@ def info(
 @user_errors
 @decode_options
 def translate(
-    model: ModelOpt,
+    model: ModelsOpt,
     input: Annotated[str, typer.Option("--input", "-i", help="Text file to translate, one sentence per line; - = stdin.")] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Where translations go, line by line; - = stdout.")] = "-",
     nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each input, N consecutive lines.")] = 1,
@@ -228,6 +231,7 @@ def translate(
     glossary: Annotated[Path | None, typer.Option("--glossary", help="TSV of source term TAB target term: a line containing a source term (whole words, same case) gets its target term as a constraint.")] = None,
     device: DeviceOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
+    prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -243,7 +247,7 @@ def translate(
     if attention_head is not None and attention_head >= translator.model.cfg.heads:
         raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
     opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology)
-    count = translate_file(translator, input, output, opts, progress=progress)
+    count = translate_file(translator, input, output, opts, progress=progress, prefix=prefix)
     if output != "-":
         typer.echo(f"wrote {count} lines to {output}", err=True)
 
@@ -282,7 +286,7 @@ def serve(
 @decode_options
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
-    model: Annotated[Path | None, typer.Option("--model", "-m", help="Run directory or checkpoint to translate --src with.")] = None,
+    model: Annotated[list[Path] | None, typer.Option("--model", "-m", metavar="RUN", help="Run directory or checkpoint to translate --src with; repeat for an ensemble.")] = None,
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Source sentences to translate and score.")] = None,
     hyp: Annotated[Path | None, typer.Option("--hyp", help="Score this existing file of translations instead of translating.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the translations of --src here.")] = None,
@@ -294,6 +298,7 @@ def evaluate(
     """Score translations with sacreBLEU: BLEU and chrF with their signatures."""
     from seq2seq_cli.decode.evaluate import evaluate as run_evaluation
 
+    model = model or None  # -m not given
     if (hyp is None) == (model is None and src is None):
         raise UserError("give either --hyp FILE, or --model RUN with --src FILE (and --ref FILE in both cases)")
     if hyp is None and (model is None or src is None):

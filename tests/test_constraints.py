@@ -259,4 +259,23 @@ def test_every_constraint_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text[text.index("## Constraints and glossaries") :]
     documented = set(re.findall(r"^\| ((?:constraints|glossary)-[a-z0-9-]+) \|", section, flags=re.MULTILINE))
-    assert documented == set(ERROR_CASES)
+    assert documented == set(ERROR_CASES) | {"constraints-and-prefix", "constraints-ensemble"}
+
+
+@pytest.mark.parametrize("case", ["constraints-and-prefix", "constraints-ensemble"])
+def test_constraints_with_a_prefix_on_one_line_or_with_an_ensemble_are_one_line(run_dir, tmp_path, case):
+    src = write(tmp_path / "in.es", ["Dios dijo", "Moisés y Dios"])
+    out = tmp_path / "out.en"
+    out.write_text("earlier\n", encoding="utf-8")
+    extra = _case(tmp_path, "c.jsonl", '[]\n["Moses"]\n')
+    if case == "constraints-and-prefix":
+        extra += _case(tmp_path, "p.txt", "\nThe\n", "--prefix")
+        expected = "error: " + str(src) + ":2: a line has both constraints and a prefix; give it one or the other"
+    else:
+        extra += ["-m", str(run_dir)]
+        expected = "error: --constraints and --glossary decode with one model; give one --model (-m)"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress", *extra])
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == [expected]
+    assert out.read_text(encoding="utf-8") == "earlier\n"

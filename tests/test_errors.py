@@ -130,6 +130,23 @@ def zero_byte(config: Path, data: Path) -> Path:
     return config
 
 
+def other_vocabulary_run(ws: Path) -> Path:
+    """A run of 200 pieces beside the workspace's of 300, trained two updates."""
+    run = ws / "run-vocab200"
+    if not (run / "checkpoints" / "best.safetensors").is_file():
+        def edit(raw: dict) -> None:
+            raw["tokenizer"]["vocab_size"] = 200
+            raw["train"].update(max_steps=2, valid_every=2)
+        train(load_config(config_with(ws, "vocab200", edit)), progress=False, log=lambda _: None)
+    return run
+
+
+def text_file(ws: Path, name: str, text: str) -> Path:
+    path = ws / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def empty_file(ws: Path, name: str) -> Path:
     (ws / name).write_bytes(b"")
     return ws / name
@@ -369,6 +386,18 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "flag-precision-int8": (lambda ws: ["translate", "-m", ws / "run", "--quantize", "int8", "--precision", "bf16"],
                             ["--quantize int8 decodes with fp32 activations; leave out --precision bf16"], 1),
     "evaluate-arguments": (lambda ws: ["evaluate", "--ref", ws / "ref.txt"], ["give either --hyp FILE, or --model RUN"], 1),
+    "ensemble-vocabulary": (lambda ws: ["translate", "-m", ws / "run", "-m", other_vocabulary_run(ws)],
+                            ["run-vocab200: its target vocabulary differs from that of", "(200 pieces, 300 in",
+                             "an ensemble's models need the same target vocabulary"], 1),
+    "prefix-missing": (lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "--prefix", ws / "none.txt"],
+                       ["none.txt: prefix file not found (expected one line of target text per input line)"], 1),
+    "prefix-line-count": (
+        lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "--prefix", text_file(ws, "p1.txt", "The\n")],
+        ["p1.txt has 1 lines but the input", "in.txt has 2; give one prefix per input line (an empty line for none)"], 1),
+    "prefix-too-long": (
+        lambda ws: ["translate", "-m", ws / "run", "-i", ws / "in.txt", "--prefix",
+                    text_file(ws, "long.txt", "\n" + "the house " * 300 + "\n")],
+        ["long.txt:2: the prefix has", "target pieces; the model's outputs hold at most"], 1),
     # flags
     "flag-beam-zero": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "0"],
                        ["seq2seq translate:", "'--beam-size'", "greater than or equal to 1"], 2),

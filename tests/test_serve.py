@@ -192,6 +192,25 @@ def test_own_endpoint_takes_the_decoding_options_of_translate(server, run_dir, t
     assert att["source"][-1] == "</s>" and all(abs(sum(row) - 1) < 1e-2 for row in att["weights"])
 
 
+def test_prefix_is_the_prefix_of_translate(server, run_dir, tmp_path):
+    """/v1/translate's `prefix` gives what `translate --prefix` writes, lines with and without
+    prefixes decoded together."""
+    lines = SENTENCES[:4]
+    prefixes = ["The", "", "I would like", "yes, the house"]
+    (tmp_path / "prefix.txt").write_text("\n".join(prefixes) + "\n", encoding="utf-8")
+    expected = translate_cli(run_dir, tmp_path, lines, "--beam-size", "3", "--nbest", "2", "--scores",
+                             "--prefix", str(tmp_path / "prefix.txt"))
+    status, _, body = server.post("/v1/translate", {"q": lines, "prefix": prefixes, "nbest": 2, "api_key": KEY})
+    assert status == 200, body
+    got = [f"{h['translation']}\t{h['score']:.4f}" for r in body["results"] for h in r["nbest"]]
+    assert got == expected
+    assert all(r["translation"].startswith(p) for r, p in zip(body["results"], prefixes))
+    # one text of several lines, its prefix as many lines
+    status, _, body = server.post("/v1/translate", {"q": "\n".join(lines[:2]), "prefix": "\n".join(prefixes[:2]),
+                                                    "api_key": KEY})
+    assert [r["translation"] for r in body["results"]] == [e.split("\t")[0] for e in expected[0:4:2]]
+
+
 def test_concurrent_clients_each_get_their_own_lines(server):
     def ask(i: int) -> tuple[list[str], list[str]]:
         lines = [SENTENCES[(i + k) % len(SENTENCES)] for k in range(1 + i % 3)]
@@ -244,9 +263,20 @@ BAD = {
     "serve-option-invalid": ("/v1/translate", {"q": "hola", "beam_size": 0}, "application/json", 400,
                              "beam_size 0: Input should be greater than or equal to 1"),
     "serve-option-unknown": ("/v1/translate", {"q": "hola", "beam": 4}, "application/json", 400,
-                             "unknown field 'beam'; known fields: q, source, target, api_key, nbest, alignment, attention, beam_size, "
+                             "unknown field 'beam'; known fields: q, source, target, api_key, nbest, alignment, attention, prefix, "
+                             "beam_size, "
                              "length_penalty, length_penalty_type, max_len_a, max_len_b, min_len, no_repeat_ngram_size, ban_unk, "
                              "replace_unk, sampling, temperature, top_k, top_p, seed"),
+    "serve-prefix-shape": ("/v1/translate", {"q": ["hola"], "prefix": "The"}, "application/json", 400,
+                           "Invalid request: prefix must have the shape of q: a string for a string, a list of strings for a list"),
+    "serve-prefix-count": ("/v1/translate", {"q": ["hola", "adiós"], "prefix": ["The"]}, "application/json", 400,
+                           "Invalid request: prefix has 1 entries but q has 2"),
+    "serve-prefix-lines": ("/v1/translate", {"q": "hola\nadiós", "prefix": "The"}, "application/json", 400,
+                           "Invalid request: prefix 1 has 1 lines but its q text has 2; give one prefix line per line "
+                           "(an empty line for none)"),
+    "serve-prefix-too-long": ("/v1/translate", {"q": "hola", "prefix": "the house " * 300}, "application/json", 400,
+                              "Invalid request: prefix of line 1: the prefix has 1800 target pieces; the model's outputs "
+                              "hold at most 254"),
     "serve-nbest-beam": ("/v1/translate", {"q": "hola", "nbest": 5}, "application/json", 400,
                          "nbest 5 is larger than beam_size 3; raise beam_size"),
     "serve-too-many-lines": ("/translate", {"q": ["uno"] * 41, "source": "es", "target": "en"}, "application/json", 413,

@@ -64,7 +64,9 @@ def evaluate(
                         "to translate (leave out -o)")
     if output is not None:
         inputs = {flag: path for flag, path in (("--ref", ref), ("--src", src), ("--hyp", hyp)) if path is not None}
-        check_output(output, inputs, translator.run_dir if translator is not None else None, "the translations")
+        protected: list[Path | None] = [*(translator.run_dirs() if translator is not None else [])] or [None]
+        for run_dir in protected:
+            check_output(output, inputs, run_dir, "the translations")
     refs = text_lines(ref)
     if not refs:
         raise UserError(f"{ref}: empty file (expected one reference per line; nothing to score)")

@@ -11,9 +11,18 @@ Every search decodes a whole batch at once; sentences that are finished leave th
 output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
 which EOS is forced; with min_len, EOS is banned before that many tokens.
 
-The searches decode with the model they are given: the callers pack it for oneDNN once
+The searches decode with the model they are given, or an `Ensemble` of models (see
+`seq2seq_cli/decode/ensemble.py`: each member decodes with its own cache, their
+distributions are averaged at each step): the callers pack it for oneDNN once
 (`seq2seq_cli/decode/onednn.py`); the decoder's self-attention cache is allocated once per search for
 the source length, and grows only for outputs longer than that.
+
+Forced prefixes: a sentence may be given target tokens its output must start with (`prefixes`
+of `search`). For the first len(prefix) steps its rows take the prefix's tokens, with the
+model's own log-probabilities for them (no ban applies to a forced token); then the search
+goes on as usual. Sentences with prefixes of different lengths, or none, share a batch. The
+output limit of a sentence is raised to its prefix's length where it is shorter, so the prefix
+is never cut; scores and log-probabilities include the prefix's tokens.
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
 `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
@@ -30,9 +39,13 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.ensemble import Ensemble, EnsembleState
 from seq2seq_cli.ids import EOS, PAD, UNK
 from seq2seq_cli.model.kv_cache import DecoderState
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
+
+Decoder = Seq2SeqTransformer | Ensemble  # what the searches decode with: one model, or several as one
+State = DecoderState | EnsembleState
 
 NEG_INF = float("-inf")
 
@@ -54,13 +67,13 @@ def length_penalty(length: int, alpha: float, kind: str) -> float:
     return float(length) ** alpha
 
 
-def max_source_subwords(model: Seq2SeqTransformer) -> int:
+def max_source_subwords(model: Decoder) -> int:
     """The most source subwords (EOS not counted) a sentence is decoded from; longer ones are
     cut to this many (`Translator.encode`)."""
     return model.cfg.max_positions - 2
 
 
-def max_lengths(src: Tensor, model: Seq2SeqTransformer, a: float, b: int) -> Tensor:
+def max_lengths(src: Tensor, model: Decoder, a: float, b: int) -> Tensor:
     """src: (B, S) -> (B,) output length limits a*|x|+b (|x| counting EOS), capped by the
     model's positions (the longest source `max_source_subwords` allows). The one place
     output limits are computed: in float64 and capped before they become integers, so no
@@ -79,23 +92,87 @@ def banned_ngram_tokens(history: list[list[int]], n: int) -> list[list[int]]:
     return banned
 
 
+def prefix_tensor(prefixes: list[list[int]] | None, device: torch.device) -> Tensor | None:
+    """Forced prefixes (one list of target ids per sentence, [] = none) -> (B, P) ids padded
+    with -1, or None when no sentence has one (the searches then run as without)."""
+    if not prefixes or not any(prefixes):
+        return None
+    P = max(len(p) for p in prefixes)
+    out = torch.full((len(prefixes), P), -1, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        out[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return out.to(device)
+
+
+def with_prefixes(limits: Tensor, prefix: Tensor | None) -> Tensor:
+    """Output limits (B,) raised to the length of each sentence's forced prefix."""
+    return limits if prefix is None else torch.maximum(limits, (prefix >= 0).sum(dim=1))
+
+
+def forced_tokens(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | None:
+    """The prefix token each decoder row (of sentence `sentences[row]`) must take at `step`,
+    -1 for none; None when no row has one."""
+    if prefix is None or step >= prefix.size(1):
+        return None
+    forced = prefix[sentences, step]
+    return forced if bool((forced >= 0).any()) else None
+
+
 def step_log_probs(
-    model: Seq2SeqTransformer, last: Tensor, state: DecoderState, step: int, limits: Tensor,
-    history: Tensor, opts: DecodeConfig,
+    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor,
+    history: Tensor, opts: DecodeConfig, forced: Tensor | None = None,
 ) -> Tensor:
     """One decoder step with every constraint applied.
 
-    last: (N, 1) newest tokens, limits: (N,) output limits, history: (N, t) output so far
+    last: (N, 1) newest tokens, limits: (N,) output limits, history: (N, t) output so far,
+    forced: (N,) a prefix token each row must take (-1: none) or None
     -> log-probabilities (N, V): PAD and the decoder start token (and UNK with ban_unk) banned, EOS banned before
-    min_len, n-gram repeats banned, EOS forced at the limit.
+    min_len, n-gram repeats banned, EOS forced at the limit; a forced row keeps only its token.
     """
+    lprobs = next_log_probs(model, last, state)
+    return constrain(lprobs, step, limits, history, opts, model.cfg.decoder_start_id, forced)
+
+
+def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
+    """The model's log-probabilities (N, V) of the next token after `last` (N, 1); an
+    ensemble's members each decode with their own state, and their probabilities are averaged."""
+    if isinstance(model, Ensemble):
+        assert isinstance(state, EnsembleState)
+        return model.average([next_log_probs(m, last, s) for m, s in zip(model.models, state.states)])
+    assert isinstance(state, DecoderState)
     h, _ = model.decode(last, state, incremental=True)
     logits = model.logits(h[:, -1]).float()  # (N, V)
     # In place on CPU: a fresh (N, V) tensor each step costs more in page faults than the op.
-    lprobs = torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
+
+
+def start_state(model: Decoder, src: Tensor, rows: int, limits: Tensor) -> State:
+    """Encode `src` (B, S) and make the decoder state for up to `rows` decoder rows (see
+    `_decoder_state`); for an ensemble, one per member."""
+    if isinstance(model, Ensemble):
+        return EnsembleState([_as_one(start_state(m, src, rows, limits)) for m in model.models])
+    memory, src_mask, _ = model.encode(src)
+    return _decoder_state(model, memory, src_mask, rows, limits)
+
+
+def _as_one(state: State) -> DecoderState:
+    assert isinstance(state, DecoderState)
+    return state
+
+
+def constrain(
+    lprobs: Tensor, step: int, limits: Tensor, history: Tensor, opts: DecodeConfig, start_id: int,
+    forced: Tensor | None = None,
+) -> Tensor:
+    """The bans and forced tokens of `step_log_probs`, applied in place to log-probabilities (N, V)."""
+    if forced is not None:
+        rows = (forced >= 0).nonzero().squeeze(1)
+        tokens = forced[rows]
+        # the model's own log-probability of the forced token, kept finite so the row stays alive
+        kept = lprobs[rows, tokens].clamp(min=torch.finfo(lprobs.dtype).min)
     eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
     lprobs[:, PAD] = NEG_INF
-    lprobs[:, model.cfg.decoder_start_id] = NEG_INF
+    lprobs[:, start_id] = NEG_INF
     if opts.ban_unk:
         lprobs[:, UNK] = NEG_INF
     if step < opts.min_len:
@@ -108,6 +185,9 @@ def step_log_probs(
     if force.any():
         lprobs[force] = NEG_INF
         lprobs[force, EOS] = eos[force]
+    if forced is not None and rows.numel():
+        lprobs[rows] = NEG_INF
+        lprobs[rows, tokens] = kept
     return lprobs
 
 
@@ -144,15 +224,15 @@ def _draw(probs: Tensor, generators: list[torch.Generator]) -> Tensor:
 
 @torch.inference_mode()
 def greedy_search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None
+    model: Decoder, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None,
+    prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with the row's generator in
-    `generators` (B of them)."""
-    memory, src_mask, _ = model.encode(src)
-    limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
+    `generators` (B of them); `prefix` (B, P): forced prefixes (`prefix_tensor`)."""
+    limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     B, device = src.size(0), src.device
-    state = _decoder_state(model, memory, src_mask, B, limits)
+    state = start_state(model, src, B, limits)
     active = torch.arange(B, device=device)  # original row of each decoder row
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
@@ -160,7 +240,8 @@ def greedy_search(
     results: list[Hypothesis | None] = [None] * B
     step = 0
     while active.numel():
-        lprobs = step_log_probs(model, last, state, step, limits[active], history, opts)
+        forced = forced_tokens(prefix, active, step)
+        lprobs = step_log_probs(model, last, state, step, limits[active], history, opts, forced)
         if opts.sampling:
             if generators is None:
                 raise ValueError("sampling needs one generator per row")
@@ -199,23 +280,26 @@ def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, 
 
 
 @torch.inference_mode()
-def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1) -> list[list[Hypothesis]]:
-    """src: (B, S) -> for each sentence its `nbest` hypotheses, best first.
+def beam_search(
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, prefix: Tensor | None = None
+) -> list[list[Hypothesis]]:
+    """src: (B, S) -> for each sentence its `nbest` hypotheses, best first; `prefix` (B, P):
+    forced prefixes (`prefix_tensor`).
 
     Each step scores all k*V continuations of every sentence in one tensor program, keeps
     the top 2K so that beams ending in EOS do not starve the others, moves EOS candidates
     ranked within the top K to the finished list, and continues with the best K others. A
     sentence stops once it has K finished hypotheses. All K beams of a sentence start
     identical, so the first step decodes one row per sentence (k = 1) and its K best
-    continuations become the beams (k = K from then on).
+    continuations become the beams (k = K from then on). While a prefix is forced, a sentence
+    has one live beam (the others score -inf); its beams spread once the prefix ends.
     """
     K = opts.beam_size
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
     B, device = src.size(0), src.device
-    memory, src_mask, _ = model.encode(src)
-    limits = max_lengths(src, model, opts.max_len_a, opts.max_len_b)  # (B,)
-    state = _decoder_state(model, memory, src_mask, B * K, limits)
+    limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
+    state = start_state(model, src, B * K, limits)
     active = torch.arange(B, device=device)  # original sentence of each beam group
     scores = torch.zeros((B, 1), device=device)  # (b, k) running log-probabilities
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
@@ -226,7 +310,8 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
     while active.numel():
         b, k = scores.shape
         row_limits = limits[active].repeat_interleave(k)  # (b*k,)
-        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)  # (b*k, V)
+        forced = forced_tokens(prefix, active.repeat_interleave(k), step) if prefix is not None else None
+        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts, forced)  # (b*k, V)
         V = lprobs.size(-1)
         cand = lprobs.view(b, k, V).add_(scores[:, :, None]).view(b, k * V)  # (b, k*V), in place
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
@@ -262,7 +347,8 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbes
 
 @torch.inference_mode()
 def sample(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
+    prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """`nbest` independent samples per sentence, best first; `lines` are the sentences'
     line numbers in the input (default 0..B-1). Each sample is drawn with its own generator,
@@ -270,24 +356,28 @@ def sample(
     it is batched, and copies of a line on different lines give different ones."""
     lines = list(range(src.size(0))) if lines is None else lines
     generators = [row_generator(opts.seed, line, k) for line in lines for k in range(nbest)]
-    hyps = greedy_search(model, src.repeat_interleave(nbest, dim=0), opts, generators)
+    rows_prefix = None if prefix is None else prefix.repeat_interleave(nbest, dim=0)
+    hyps = greedy_search(model, src.repeat_interleave(nbest, dim=0), opts, generators, rows_prefix)
     groups = [hyps[i * nbest : (i + 1) * nbest] for i in range(src.size(0))]
     return [sorted(g, key=lambda h: h.score, reverse=True) for g in groups]
 
 
 def search(
-    model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
+    prefixes: list[list[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Sampling when asked (`lines`: the input line of each sentence, see `sample`), greedy
-    search for beam size 1 and one output, beam search otherwise.
+    search for beam size 1 and one output, beam search otherwise; `prefixes`: target ids each
+    sentence's outputs must start with ([] = none).
 
     Always `nbest` hypotheses per sentence: where the output limit leaves fewer distinct
     outputs (a limit of 0 allows only the empty one), the missing ones are empty with score
     and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input."""
+    prefix = prefix_tensor(prefixes, src.device)
     if opts.sampling:
-        found = sample(model, src, opts, nbest, lines)
+        found = sample(model, src, opts, nbest, lines, prefix)
     elif opts.beam_size == 1 and nbest == 1:
-        found = [[h] for h in greedy_search(model, src, opts)]
+        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix)]
     else:
-        found = beam_search(model, src, opts, nbest)
+        found = beam_search(model, src, opts, nbest, prefix)
     return [hyps + [NO_HYPOTHESIS] * (nbest - len(hyps)) for hyps in found]

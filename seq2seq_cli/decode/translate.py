@@ -3,7 +3,9 @@
 Input is read in chunks; each chunk is sorted by length, cut into batches by a source-token
 budget, decoded, detokenised and written back in input order, so memory stays bounded on
 large files and the output lines match the input lines one for one (an empty input line
-gives an empty output line). With --nbest N each input gives N consecutive lines.
+gives an empty output line). With --nbest N each input gives N consecutive lines. With
+--prefix FILE each output starts with its line of FILE, tokenized with the run's target
+tokenizer (see `search`): one line of target text per input line, an empty line for none.
 
 Attention-based extras (hard alignments, attention heatmaps, unknown-token replacement)
 re-run the finished hypotheses through the decoder with the explicit attention path, so
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
@@ -30,16 +32,17 @@ from tqdm import tqdm
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
+from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
-from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
+from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
 from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
-from seq2seq_cli.run.loaded import load_run
+from seq2seq_cli.run.loaded import LoadedRun, load_run
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
@@ -63,9 +66,11 @@ class OutputOptions:
 
 @dataclass
 class Translator:
-    """A loaded run: model, tokenizers and the decoding options to use."""
+    """A loaded run: model, tokenizers and the decoding options to use. With several runs
+    (`load` of a list), `model` is their `Ensemble` and the tokenizers, decoding settings and
+    languages are the first run's."""
 
-    model: Seq2SeqTransformer
+    model: Decoder
     src_sp: SentencePieceProcessor
     tgt_sp: SentencePieceProcessor
     decode: DecodeConfig
@@ -73,15 +78,20 @@ class Translator:
     run_dir: Path | None = None  # the run directory the model was loaded from
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
     _word_start: Tensor | None = field(default=None, repr=False)  # see `word_start`
+    ensemble_runs: tuple[Path, ...] = ()  # the run directories of an ensemble's other members
 
     @classmethod
-    def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
-        """Load a run directory or checkpoint; `overrides` (DecodeConfig keys) replace the run's
-        decode settings and are validated like the config."""
+    def load(
+        cls, model_path: str | Path | Sequence[str | Path], device: str = "auto", overrides: dict[str, object] | None = None,
+    ) -> Translator:
+        """Load a run directory or checkpoint, or several as an ensemble (a list of two or
+        more); `overrides` (DecodeConfig keys) replace the (first) run's decode settings and
+        are validated like the config."""
+        paths = [model_path] if isinstance(model_path, (str, Path)) else list(model_path)
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
             raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
-        run = load_run(model_path, dev)
+        run = load_run(paths[0], dev)
         settings = run.config.decode.model_dump()
         settings.update(overrides or {})
         try:
@@ -92,10 +102,26 @@ class Translator:
         if not decode.sampling and decode.beam_size > vocab:
             where = "--beam-size" if "beam_size" in (overrides or {}) else "decode.beam_size (the run's config)"
             raise UserError(f"{where} {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
-        model = run.model.to(decoding_dtype(decode, dev))
+        runs = [run]
+        for path in paths[1:]:
+            runs.append(load_run(path, dev))
+            check_member(runs[-1], path, run, paths[0])
+        # weights are fixed: pack them once
+        models = [for_decoding(r.model.to(decoding_dtype(decode, dev)), decode.quantize) for r in runs]
         languages = (run.config.data.src_lang, run.config.data.tgt_lang)
-        model = for_decoding(model, decode.quantize)  # weights are fixed: pack them once
-        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages)
+        model: Decoder = models[0] if len(models) == 1 else Ensemble(models)
+        others = tuple(r.run_dir for r in runs[1:])
+        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others)
+
+    @property
+    def attention_model(self) -> Seq2SeqTransformer:
+        """The model whose cross-attention gives alignments, plots and unknown-word
+        replacement: the model, or an ensemble's first member."""
+        return self.model.models[0] if isinstance(self.model, Ensemble) else self.model
+
+    def run_dirs(self) -> list[Path]:
+        """The run directories of the model (every member's, for an ensemble)."""
+        return ([] if self.run_dir is None else [self.run_dir]) + list(self.ensemble_runs)
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS, truncated to what the model's positions allow; the indices of the
@@ -106,17 +132,29 @@ class Translator:
             cut.extend(i for i, s in enumerate(encoded) if len(s) > limit)
         return [s[:limit] + [EOS] for s in encoded]
 
+    def encode_prefixes(self, texts: list[str], where: Callable[[int], str]) -> list[list[int]]:
+        """Forced prefixes as target ids, one per text (blank = none); a prefix longer than the
+        model's outputs can be is a UserError naming `where(i)` (its file and line)."""
+        limit = max_source_subwords(self.model)
+        prefixes = [self.tgt_sp.encode(t) if t.strip() else [] for t in texts]
+        for i, p in enumerate(prefixes):
+            if len(p) > limit:
+                raise UserError(f"{where(i)}: the prefix has {len(p)} target pieces; the model's outputs hold at most {limit}")
+        return prefixes
+
     def translate_hypotheses(
         self, lines: list[str], nbest: int = 1, ids: list[list[int]] | None = None, progress: tqdm | None = None,
-        first_line: int = 0, constraints: list[Phrases] | None = None,
+        first_line: int = 0, prefixes: list[list[int]] | None = None, constraints: list[Phrases] | None = None,
     ) -> list[list[Hypothesis]]:
         """Decode a list of sentences -> their n-best hypotheses, in input order.
 
         `ids` are the lines already encoded (`encode`); `progress` advances by the sentences of
         each decoded batch (blank lines, which are not decoded, at once); `first_line` is the
         line number (from 0) of `lines[0]` in the whole input, which seeds sampling;
-        `constraints`: the target phrases (ids) of each line, decoded by constrained beam
-        search (`seq2seq_cli/decode/constraints.py`); the lines without any decode as without."""
+        `prefixes` (`encode_prefixes`, one per line) are forced at the start of the outputs
+        (a blank line with a prefix gives the prefix alone); `constraints`: the target phrases
+        (ids) of each line, decoded by constrained beam search (`seq2seq_cli/decode/constraints.py`);
+        the lines without any decode as without."""
         d = self.decode
         if not d.sampling and nbest > d.beam_size:
             raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
@@ -131,7 +169,8 @@ class Translator:
         if blank:  # not translated: the empty output, with the model's score for it
             empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
             src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
-            for i, hyps in zip(blank, search(self.model, src, empty, 1)):
+            forced = [prefixes[i] for i in blank] if prefixes else None
+            for i, hyps in zip(blank, search(self.model, src, empty, 1, prefixes=forced)):
                 out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
@@ -143,10 +182,11 @@ class Translator:
             rows = [i for i in batch if not (constraints and constraints[i])]
             if rows:
                 src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-                for i, hyps in zip(rows, search(self.model, src, d, nbest, lines=[first_line + i for i in rows])):
+                forced = [prefixes[i] for i in rows] if prefixes else None
+                for i, hyps in zip(rows, search(self.model, src, d, nbest, [first_line + i for i in rows], forced)):
                     out[i] = hyps
             if held:
-                assert constraints is not None
+                assert constraints is not None and not isinstance(self.model, Ensemble)  # refused in translate_file
                 src = pad_batch([ids[i] for i in held], [], []).to(self.device)
                 found = constrained_beam_search(self.model, src, d, [constraints[i] for i in held], nbest, word_start)
                 for i, hyps in zip(held, found):
@@ -176,7 +216,7 @@ class Translator:
             pieces = [self.tgt_sp.id_to_piece(i) for i in range(self.tgt_sp.get_piece_size())]
             starts = [p.startswith("\u2581") or not any(c.isalnum() for c in p) or self.tgt_sp.is_control(i)
                       for i, p in enumerate(pieces)]
-            vocab = self.model.tgt_embed.tokens.num_embeddings
+            vocab = self.attention_model.tgt_embed.tokens.num_embeddings
             starts = (starts + [True] * vocab)[:vocab]
             self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
         return self._word_start
@@ -189,10 +229,11 @@ class Translator:
         """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
         tokens then EOS, columns are source subwords then EOS."""
         src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[self.model.cfg.decoder_start_id] + tokens], device=self.device)
+        model = self.attention_model
+        tgt_in = torch.tensor([[model.cfg.decoder_start_id] + tokens], device=self.device)
         with torch.no_grad():
-            memory, src_mask, _ = self.model.encode(src)
-            _, weights = self.model.decode(tgt_in, self.model.init_state(memory, src_mask), need_weights=True)
+            memory, src_mask, _ = model.encode(src)
+            _, weights = model.decode(tgt_in, model.init_state(memory, src_mask), need_weights=True)
         w = weights[layer][0]  # (H, T+1, S)
         return (w.mean(dim=0) if head is None else w[head]).float().cpu()
 
@@ -236,21 +277,23 @@ class Translator:
 
     def translate_stream(
         self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None,
-        cut: list[int] | None = None,
+        cut: list[int] | None = None, prefix: PrefixFile | None = None,
     ) -> Iterator[str]:
         """Translate an iterable of lines chunk by chunk; yields the output lines in order.
         `progress` (a tqdm bar) advances by the sentences of each decoded batch; the line
-        numbers (from 1) of lines cut to the model's positions are appended to `cut`."""
-        for rows in self.translate_chunks(chunked(lines, chunk_lines), opts, progress, cut):
+        numbers (from 1) of lines cut to the model's positions are appended to `cut`;
+        `prefix` gives each line its forced prefix."""
+        for rows in self.translate_chunks(chunked(lines, chunk_lines), opts, progress, cut, prefix=prefix):
             yield from rows
 
     def translate_chunks(
         self, chunks: Iterable[list[str]], opts: OutputOptions, progress: tqdm | None = None, cut: list[int] | None = None,
-        input_name: str = "the input",
+        input_name: str = "the input", prefix: PrefixFile | None = None,
     ) -> Iterator[list[str]]:
         """Translate chunks of lines -> the output lines of each chunk, in order (see
         `translate_stream`): each chunk is answered before the next is read. `input_name`
-        names the input in the messages about its constraints."""
+        names the input in the messages about its constraints. With `prefix`, input lines
+        beyond its lines, or fewer than them, are a UserError."""
         done = 0
         for chunk in chunks:
             chunk = [line.rstrip("\r\n") for line in chunk]
@@ -259,14 +302,22 @@ class Translator:
             if cut is not None:
                 cut.extend(done + i + 1 for i in cut_here)
             constraints = self.constraints(opts.terminology, chunk, done, input_name)
+            prefixes = None if prefix is None else prefix.take(done, len(chunk))
+            if constraints and prefixes:
+                for k, (c, f) in enumerate(zip(constraints, prefixes)):
+                    if c and f:
+                        raise UserError(f"{input_name}:{done + k + 1}: a line has both constraints and a prefix; "
+                                        "give it one or the other")
             rows: list[str] = []
-            hyps_of = self.translate_hypotheses(chunk, opts.nbest, ids, progress, first_line=done, constraints=constraints)
+            hyps_of = self.translate_hypotheses(chunk, opts.nbest, ids, progress, done, prefixes, constraints)
             for k, hyps in enumerate(hyps_of):
                 rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
             yield rows
             done += len(chunk)
         if opts.terminology is not None:
             opts.terminology.check_line_count(done, input_name)
+        if prefix is not None:
+            prefix.check_count(done)
 
     def constraints(self, terms: Terminology | None, lines: list[str], first: int, input_name: str) -> list[Phrases] | None:
         """The constraint phrases (target ids) of `lines`, the input lines `first`.. (from 0),
@@ -281,6 +332,62 @@ class Translator:
                 raise UserError(f"{input_name}:{first + i + 1}: the constraints of this line have {sum(map(len, p))} "
                                 f"target tokens, more than the model's {limit} output positions")
         return phrases
+
+
+class PrefixFile:
+    """The lines of a --prefix file (target text each output starts with; blank = none),
+    checked (UTF-8) and tokenized once, before anything is translated, then handed out chunk
+    by chunk along the input."""
+
+    def __init__(self, path: Path, input_name: str, translator: Translator) -> None:
+        if not path.exists() and not path.is_symlink():
+            raise UserError(f"{path}: prefix file not found (expected one line of target text per input line)")
+        check_text_file(path)
+        self.path = path
+        self.input_name = input_name
+        self.lines = list(iter_lines(path))
+        if self.lines:
+            self.lines[0] = self.lines[0].removeprefix("\ufeff")
+        self.ids = translator.encode_prefixes(self.lines, lambda i: f"{path}:{i + 1}")
+
+    def mismatch(self, input_lines: int | str) -> UserError:
+        return UserError(f"{self.path} has {len(self.lines)} lines but the input {self.input_name} has {input_lines}; "
+                         "give one prefix per input line (an empty line for none)")
+
+    def check_count(self, input_lines: int) -> None:
+        """Refuse an input whose line count is not the file's."""
+        if input_lines != len(self.lines):
+            raise self.mismatch(input_lines)
+
+    def take(self, start: int, count: int) -> list[list[int]]:
+        """The target ids of the prefixes of input lines start .. start+count-1 (from 0)."""
+        if start + count > len(self.lines):
+            raise self.mismatch(f"more ({start + count} at least)")
+        return self.ids[start : start + count]
+
+
+def vocabulary_difference(mine: SentencePieceProcessor, first: SentencePieceProcessor) -> str | None:
+    """How a tokenizer's vocabulary differs from another's (None: the same pieces, id for id)."""
+    if mine.get_piece_size() != first.get_piece_size():
+        return f"{mine.get_piece_size()} pieces, {first.get_piece_size()} in"
+    for i in range(mine.get_piece_size()):
+        if mine.id_to_piece(i) != first.id_to_piece(i):
+            return f"piece {i} is {mine.id_to_piece(i)!r} there, {first.id_to_piece(i)!r} in"
+    return None
+
+
+def check_member(run: LoadedRun, path: str | Path, first: LoadedRun, first_path: str | Path) -> None:
+    """Refuse an ensemble member whose ids mean other pieces than the first run's (target or
+    source vocabulary) or whose outputs start with another token."""
+    for side, mine, theirs in (("target", run.tgt_sp, first.tgt_sp), ("source", run.src_sp, first.src_sp)):
+        diff = vocabulary_difference(mine, theirs)
+        if diff is not None:
+            raise UserError(f"{path}: its {side} vocabulary differs from that of {first_path} ({diff} {first_path}); "
+                            f"an ensemble's models need the same {side} vocabulary")
+    a, b = run.model.cfg.decoder_start_id, first.model.cfg.decoder_start_id
+    if a != b:
+        raise UserError(f"{path}: starts its outputs with token {a}, {first_path} with {b}; an ensemble's models "
+                        "need the same decoder start token")
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -325,8 +432,12 @@ def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]
     plt.close(fig)
 
 
-def translate_file(translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True) -> int:
+def translate_file(
+    translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True,
+    prefix: Path | None = None,
+) -> int:
     """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of output lines.
+    `prefix`: a file of target text each output starts with, one line per input line.
 
     Stdin (a terminal or a pipe) is answered as it arrives: the lines already there are
     translated and written before more is read (`stdin_chunks`); files go in chunks of CHUNK_LINES.
@@ -341,12 +452,19 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         inputs = {"input": Path(src)} if src != "-" else {}
         if opts.terminology is not None:
             inputs.update(opts.terminology.files())
-        check_output(Path(out), inputs, translator.run_dir, "the translation")
+        if prefix is not None:
+            inputs["--prefix"] = prefix
+        protected: list[Path | None] = [*translator.run_dirs()] or [None]  # None: no run to protect
+        for run_dir in protected:
+            check_output(Path(out), inputs, run_dir, "the translation")
+    prefix_file = None if prefix is None else PrefixFile(prefix, "stdin" if src == "-" else src, translator)
     if opts.attention_plots is not None:
         prepare_plot_dir(opts.attention_plots)
     if opts.terminology is not None:
         if translator.decode.sampling:
             raise UserError("--constraints and --glossary need beam search; leave out --sampling")
+        if isinstance(translator.model, Ensemble):
+            raise UserError("--constraints and --glossary decode with one model; give one --model (-m)")
         opts.terminology.check_tokens(translator.tgt_sp)
     if src == "-":
         stdin = getattr(sys.stdin, "buffer", None)
@@ -356,12 +474,14 @@ def translate_file(translator: Translator, src: str, out: str, opts: OutputOptio
         total = check_text_file(Path(src))  # bad input is reported before anything is translated
         if opts.terminology is not None:
             opts.terminology.check_line_count(total, src)
+        if prefix_file is not None:
+            prefix_file.check_count(total)
         chunks = chunked(iter_lines(Path(src)), CHUNK_LINES)
     if opts.attention_plots is not None:
         chunks = warn_about_plots(chunks, total)
     cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_chunks(chunks, opts, bar, cut, "stdin" if src == "-" else src)
+        outputs = translator.translate_chunks(chunks, opts, bar, cut, "stdin" if src == "-" else src, prefix_file)
         if out != "-":
             with terminate_as_interrupt():  # SIGTERM removes the temporary file, as Ctrl-C does
                 count = write_lines(Path(out), (line for rows in outputs for line in rows))

@@ -4,7 +4,7 @@ the decoding options of `translate`, health, metrics and the web page.
     POST /translate      {"q": str | [str], "source", "target", "format": "text", "alternatives": N, "api_key"}
                          -> {"translatedText": str | [str]} (+ "alternatives", as LibreTranslate answers)
     GET  /languages      -> [{"code", "name", "targets"}]
-    POST /v1/translate   {"q": str | [str], "nbest", "alignment", "attention", "api_key", DecodeConfig keys...}
+    POST /v1/translate   {"q": str | [str], "nbest", "alignment", "attention", "prefix", "api_key", DecodeConfig keys...}
                          -> {"results": [{"translation", "score", "nbest"?, "alignment"?, "attention"?} per line]}
     GET  /health, GET /metrics (JSON, or Prometheus text with ?format=prometheus), GET / (the page)
 
@@ -41,7 +41,7 @@ log = logging.getLogger("seq2seq.serve")
 # The decoding options a request may set; batch_tokens, precision and quantize belong to the
 # server (the model is loaded with them) and are set on the `serve` command line.
 REQUEST_DECODE_KEYS = [k for k in DecodeConfig.model_fields if k not in ("batch_tokens", "precision", "quantize")]
-V1_KEYS = ["q", "source", "target", "api_key", "nbest", "alignment", "attention"]
+V1_KEYS = ["q", "source", "target", "api_key", "nbest", "alignment", "attention", "prefix"]
 LANGUAGE_NAMES = {
     "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "ja": "Japanese",
     "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
@@ -149,9 +149,34 @@ def create_app(translator: Translator, settings: ServeSettings) -> FastAPI:
             raise RequestError(413, f"request too large: {count} lines, the limit is {settings.max_lines}")
         return lines
 
-    async def decode(lines: list[str], options: JobOptions) -> list[dict[str, Any]]:
+    def prefixes_of(prefix: Any, q: Any, lines: list[list[str]]) -> list[list[int]]:
+        """The forced prefix of each line of a request (target ids, [] = none): `prefix` has
+        q's shape (a string, or a list as long as q's), each text's lines matching its q text's
+        lines; an empty string is no prefix for all the lines of its text."""
+        if isinstance(q, str) and isinstance(prefix, str):
+            texts = [prefix]
+        elif isinstance(q, list) and isinstance(prefix, list) and all(isinstance(t, str) for t in prefix):
+            texts = prefix
+        else:
+            raise RequestError(400, "Invalid request: prefix must have the shape of q: a string for a string, "
+                                    "a list of strings for a list")
+        if len(texts) != len(lines):
+            raise RequestError(400, f"Invalid request: prefix has {len(texts)} entries but q has {len(lines)}")
+        flat: list[str] = []
+        for i, (text, ls) in enumerate(zip(texts, lines)):
+            parts = text.split("\n") if text else [""] * len(ls)
+            if len(parts) != len(ls):
+                raise RequestError(400, f"Invalid request: prefix {i + 1} has {len(parts)} lines but its q text has "
+                                        f"{len(ls)}; give one prefix line per line (an empty line for none)")
+            flat.extend(parts)
         try:
-            future = batcher.submit(lines, options)
+            return translator.encode_prefixes(flat, lambda i: f"prefix of line {i + 1}")
+        except UserError as exc:
+            raise RequestError(400, f"Invalid request: {exc}") from None
+
+    async def decode(lines: list[str], options: JobOptions, prefixes: list[list[int]] | None = None) -> list[dict[str, Any]]:
+        try:
+            future = batcher.submit(lines, options, prefixes)
         except QueueFull as exc:
             raise RequestError(503, f"server busy: {exc.limit} requests are queued, the limit; retry later",
                                {"Retry-After": "1"}) from None
@@ -229,8 +254,10 @@ def create_app(translator: Translator, settings: ServeSettings) -> FastAPI:
             raise RequestError(400, describe_options_error(exc)) from None
         if not decode_cfg.sampling and nbest > decode_cfg.beam_size:
             raise RequestError(400, f"nbest {nbest} is larger than beam_size {decode_cfg.beam_size}; raise beam_size")
-        lines = [line for ls in check_size(texts) for line in ls]
-        results = await decode(lines, batcher.options(decode_cfg, nbest, alignment, attention))
+        per_text = check_size(texts)
+        prefixes = None if data.get("prefix") is None else prefixes_of(data["prefix"], data["q"], per_text)
+        lines = [line for ls in per_text for line in ls]
+        results = await decode(lines, batcher.options(decode_cfg, nbest, alignment, attention), prefixes)
         return JSONResponse({"results": results})
 
     @app.get("/health")

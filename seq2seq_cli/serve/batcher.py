@@ -3,7 +3,8 @@
 Each request is a `Job`: its lines and its decoding options (`JobOptions`). The worker thread
 takes the oldest job, waits until at most `wait_s` after that job arrived for more jobs with
 the same options, and decodes the lines of all of them together through the `Translator`
-(which cuts them into token-budget batches). Each job's future then receives exactly its own
+(which cuts them into token-budget batches); forced prefixes are per line, so jobs with and
+without them batch together. Each job's future then receives exactly its own
 lines, in order. Jobs with other options wait for their own turn; sampling jobs are decoded
 one request at a time, so a seed gives the same samples as `translate` of the same lines.
 
@@ -42,6 +43,7 @@ class JobOptions:
 class Job:
     lines: list[str]
     options: JobOptions
+    prefixes: list[list[int]] | None = None  # forced target prefix of each line ([] = none)
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
 
@@ -87,9 +89,10 @@ class Batcher:
         with self._cond:
             return len(self._queue) + self._busy
 
-    def submit(self, lines: list[str], options: JobOptions) -> Future:
-        """Queue a request -> the future of its results (one dict per line); QueueFull when full."""
-        job = Job(lines, options)
+    def submit(self, lines: list[str], options: JobOptions, prefixes: list[list[int]] | None = None) -> Future:
+        """Queue a request -> the future of its results (one dict per line); QueueFull when full.
+        `prefixes`: the target ids each line's outputs must start with ([] = none)."""
+        job = Job(lines, options, prefixes)
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the decoder is stopping")
@@ -154,7 +157,10 @@ class Batcher:
         try:
             translator = self._translator(options)
             ids = translator.encode(lines)
-            hyps = translator.translate_hypotheses(lines, options.nbest, ids)
+            prefixes = None
+            if any(job.prefixes for job in group):
+                prefixes = [p for job in group for p in (job.prefixes or [[] for _ in job.lines])]
+            hyps = translator.translate_hypotheses(lines, options.nbest, ids, prefixes=prefixes)
             results = [line_result(translator, options, line, src, h) for line, src, h in zip(lines, ids, hyps)]
         except Exception as exc:  # each request of the group gets the error; the worker goes on
             if not isinstance(exc, UserError):
