@@ -298,6 +298,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         config, init = init_from_run(config, init_from)
     lock = claim_run_dir(config, resume, overwrite, procs, log)
     try:
+        distributed.check_shared(procs, config.run_path)
         run, state = build_run(config, resume, procs, device, log, init)
     except BaseException:
         if lock is not None:
