@@ -86,3 +86,35 @@ def test_a_run_directory_the_nodes_do_not_share_is_refused_before_anything_is_tr
         assert "put run_dir on a filesystem every machine mounts at the same path" in errors[0]
     for run in ("node-a", "node-b"):
         assert not (tmp_path / run / "checkpoints").exists() and not (tmp_path / run / "cache").exists()
+
+
+def test_each_node_reading_its_own_copy_of_the_corpus_uses_the_encoding_rank_0_cached(tmp_path):
+    """A corpus copied to every machine (other paths, other times) is encoded once, by rank 0,
+    into the shared run directory; the other processes read that cache, never encode their
+    copy over it, so the next start of the run finds the cache rank 0 made."""
+    import shutil
+
+    import yaml
+
+    cfgs = []
+    for node, stamp in (("a", 1_600_000_000), ("b", 1_700_000_000)):
+        copy = tmp_path / f"data-{node}"
+        copy.mkdir()
+        for lang in ("es", "en"):
+            shutil.copyfile(REPO / "data" / "bible-es-en" / f"valid.{lang}", copy / f"valid.{lang}")
+            os.utime(copy / f"valid.{lang}", (stamp, stamp))
+        raw = yaml.safe_load(make_config(tmp_path, "shared", max_steps=2, valid_every=2).read_text())
+        raw["data"]["train"] = raw["data"]["valid"] = str(copy / "valid")
+        cfgs.append(tmp_path / f"node-{node}.yaml")
+        cfgs[-1].write_text(yaml.safe_dump(raw), encoding="utf-8")
+    agents = two_nodes((cfgs[0], cfgs[1]))
+    for agent in agents:
+        assert agent.returncode == 0, agent.stderr[-3000:]
+    main = next(i for i, a in enumerate(agents) if "2 processes (cpu)" in a.stderr)  # rank 0 logs
+
+    from seq2seq_cli.config import load_config
+    from seq2seq_cli.train.loop import train
+
+    lines: list[str] = []
+    train(load_config(cfgs[main], ["train.max_steps=3"]), resume=True, progress=False, log=lines.append)
+    assert sum("reusing encoded" in line for line in lines) == 2, lines  # train and valid
