@@ -21,9 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pyarrow.compute as pc
 
+from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import check_utf8
-from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.layout import RunLayout
 
 READ_BATCH = 1000
