@@ -250,12 +250,15 @@ def check_no_empty_lines(raw, value: str, d) -> None:
 
 
 def encoded_split(
-    config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None
+    config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None,
+    cached: Path | None = None,
 ) -> EncodedCorpus:
     """The encoded, filtered pairs of a split, from RUN/cache/encoded/ when the input files,
     tokenizer model(s) and filter settings are unchanged, else encoded (batched `datasets.map`,
     data.num_proc processes) and cached there. The data filters apply to training; validation
-    drops only empty pairs and those longer than the model's positions (EOS or start counted)."""
+    drops only empty pairs and those longer than the model's positions (EOS or start counted).
+    `cached` names a cache another process made of the same split (rank 0 under torchrun, from
+    its copy of the files), read as it is."""
     datasets = quiet_datasets()
     d, t = config.data, config.tokenizer
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
@@ -265,7 +268,7 @@ def encoded_split(
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
     label = "train" if training else "valid"
     root = RunLayout(config.run_path).encoded
-    path = root / f"{label}-{_fingerprint(source, src_sp, tgt_sp, settings)}"
+    path = cached or root / f"{label}-{_fingerprint(source, src_sp, tgt_sp, settings)}"
     from_cache = (path / "stats.json").is_file()
     if from_cache:
         log(f"reusing encoded {source.describe()} from {path}")

@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pyarrow.compute as pc
 
+from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import check_utf8
 from seq2seq_cli.layout import RunLayout
@@ -172,7 +173,8 @@ def read_parallel(
                 f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; "
                 "source and target files must be aligned line by line"
             )
-        return datasets.concatenate_datasets([src.rename_column("text", "src"), tgt.rename_column("text", "tgt")], axis=1)
+        return _released(datasets.concatenate_datasets([src.rename_column("text", "src"), tgt.rename_column("text", "tgt")],
+                                                       axis=1))
     (path,) = source.files
     lines = _load_lines(path, cache_dir)
     if source.format == "tsv":
@@ -182,7 +184,15 @@ def read_parallel(
         parsed = lines.map(_parse_jsonl, batched=True, batch_size=READ_BATCH, remove_columns=["text"],
                            fn_kwargs=fields, num_proc=proc)
     _first_error(parsed, path)
-    return parsed.remove_columns("_err")
+    return _released(parsed.remove_columns("_err"))
+
+
+def _released(dataset):
+    """`dataset`, with this process's resident pages of its Arrow files dropped: building and
+    checking them faulted in every page, which would otherwise stay in the RSS of whatever
+    comes next (a tokenizer trained on a sample, the encoding) as the whole corpus."""
+    release_dataset(dataset)
+    return dataset
 
 
 def read_split(config, value: str):

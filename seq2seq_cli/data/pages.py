@@ -47,3 +47,10 @@ def release_pages(directory: str) -> None:
     if key not in _RELEASES:
         _RELEASES[key] = PageRelease(Path(directory))
     _RELEASES[key]()
+
+
+def release_dataset(dataset) -> None:
+    """Drop this process's resident pages of the Arrow files of a `datasets.Dataset` (the
+    mappings found now)."""
+    for folder in {Path(f["filename"]).parent for f in dataset.cache_files}:
+        PageRelease(folder)()

@@ -15,6 +15,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from seq2seq_cli.config import Config
+from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps, sha256
 from seq2seq_cli.ids import BOS, EOS, PAD, UNK
@@ -52,9 +53,12 @@ def _copy_model(given: Path, dest: Path, key: str) -> None:
 
 
 def _sentences(dataset, columns: tuple[str, ...]) -> Iterator[str]:
+    """The non-empty sentences of `columns`, the pages of each batch dropped once it is read
+    (the RSS would otherwise grow to the whole corpus while SentencePiece samples it)."""
     for column in columns:
         for batch in dataset.select_columns([column]).iter(batch_size=10_000):
             yield from (s for s in batch[column] if s)
+            release_dataset(dataset)
 
 
 def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, config: Config) -> None:

@@ -3,14 +3,19 @@ collectives the training loop needs.
 
 Launched by `torchrun` (WORLD_SIZE, RANK and LOCAL_RANK set in the environment), training
 joins a process group: NCCL when the processes train on CUDA, gloo on CPU. Each process then
-trains on its own share of every update's batches; rank 0 alone writes files. Without those
-variables (or with WORLD_SIZE=1) everything here is a no-op and training is one process.
+trains on its own share of every update's batches; rank 0 alone writes files, into a run
+directory every process must see (on several machines: a shared filesystem, mounted at the
+same path; `check_shared` refuses one that is not). Without those variables (or with
+WORLD_SIZE=1) everything here is a no-op and training is one process.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -94,3 +99,34 @@ def gather_to_all(procs: Processes, value: Any) -> list[Any]:
     out: list[Any] = [None] * procs.world
     dist.all_gather_object(out, value)
     return out
+
+
+def check_shared(procs: Processes, run_dir: Path) -> None:
+    """Refuse a run directory that some process does not share with rank 0 (a disk local to
+    each machine, or another run_dir in its config): rank 0 writes the tokenizer, the encoded
+    data and the checkpoints there, and every other process reads them. Rank 0 writes a file
+    of a new name, every process looks for it; each raises the same UserError when one did
+    not see it."""
+    if procs.world == 1:
+        return
+    token = from_main(procs, secrets.token_hex(8))
+    probe = Path(run_dir) / f".shared-{token}"
+    if procs.main:
+        probe.write_text(token, encoding="utf-8")
+    barrier(procs)
+    try:
+        sees = probe.is_file() and probe.read_text(encoding="utf-8") == token
+    except OSError:
+        sees = False
+    try:
+        seen = gather_to_all(procs, (sees, socket.gethostname()))
+    finally:
+        if procs.main:
+            probe.unlink(missing_ok=True)
+    blind = [f"{rank} on {host}" for rank, (sees, host) in enumerate(seen) if not sees]
+    if blind:
+        raise UserError(
+            f"{run_dir}: run directory is not shared by all training processes: process {', '.join(blind)} "
+            f"does not see what process 0 on {seen[0][1]} writes there; put run_dir on a filesystem every "
+            "machine mounts at the same path (see 'Several machines' in README.md)"
+        )

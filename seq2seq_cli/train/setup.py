@@ -125,13 +125,13 @@ class Run:
 def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -> TrainData:
     """Data (checked line by line before anything is trained), tokenizer, encoding (cached as
     Arrow in RUN/cache, memory-mapped). Rank 0 checks the data, trains the tokenizer and fills
-    the cache; the other processes wait, then read what it wrote."""
+    the cache; the other processes wait, then read what it wrote: the caches it names, also
+    where their own copy of the corpus has another path or time (one copy per machine)."""
     d, run_dir = config.data, config.run_path
     for split in (d.train, d.valid):  # a missing file is reported before anything else happens
         if split:
             split_source(split, d.src_lang, d.tgt_lang, d.format)
-    if not procs.main:
-        distributed.barrier(procs)
+    caches = None if procs.main else distributed.from_main(procs, None)  # (rank 0 sends them below)
     valid_raw = read_split(config, d.valid) if d.valid else None
     if d.on_empty == "error":
         check_no_empty_lines(read_split(config, d.train), d.train, d)
@@ -141,18 +141,19 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
         log(f"no tokenizer in {run_dir}; training SentencePiece first")
         train_tokenizer(config)
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
-    train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log)
+    train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log, cached=caches and caches[0])
     log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
     if not len(train_data):
         raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
-    valid_data = encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log) if d.valid else None
+    valid_data = (encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log, cached=caches and caches[1])
+                  if d.valid else None)
     if d.valid and valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
         if not len(valid_data):
             raise UserError(f"{d.valid}: no validation pair fits the model's {config.model.max_positions} positions "
                             "(EOS or start counted); give a validation split of shorter sentences")
         log(describe_skipped(d.valid, valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
     if procs.main:
-        distributed.barrier(procs)
+        distributed.from_main(procs, (train_data.cache_path, valid_data.cache_path if valid_data else None))
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
 
 
@@ -298,6 +299,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         config, init = init_from_run(config, init_from)
     lock = claim_run_dir(config, resume, overwrite, procs, log)
     try:
+        distributed.check_shared(procs, config.run_path)
         run, state = build_run(config, resume, procs, device, log, init)
     except BaseException:
         if lock is not None:

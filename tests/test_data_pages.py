@@ -1,0 +1,79 @@
+"""Reading a corpus leaves none of its Arrow pages resident: the pages of the memory-mapped
+files count in the process's RSS, so a tokenizer trained after reading (and checking) every
+line of a large corpus would otherwise carry the whole corpus in memory (Linux only)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+
+
+def resident_kib(paths: set[str]) -> int:
+    """KiB of this process's resident pages of the mapped files `paths`."""
+    total, current = 0, None
+    with open("/proc/self/smaps", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                current = fields[5] if len(fields) > 5 else None
+            elif fields[0] == "Rss:" and current in paths:
+                total += int(fields[1])
+    return total
+
+
+def write_corpus(folder: Path, pairs: int) -> str:
+    folder.mkdir()
+    for lang, word in (("es", "palabra"), ("en", "word")):
+        lines = (f"{i} " + " ".join([word] * (i % 30 + 5)) + "\n" for i in range(pairs))
+        (folder / f"big.{lang}").write_text("".join(lines), encoding="utf-8")
+    return str(folder / "big")
+
+
+@pytest.mark.parametrize("form", ["text", "tsv"])
+def test_a_read_corpus_keeps_none_of_its_pages_resident(tmp_path, form):
+    from seq2seq_cli.data.formats import read_parallel
+
+    prefix = write_corpus(tmp_path / "corpus", 40_000)  # about 10 MB of Arrow
+    value = prefix
+    if form == "tsv":
+        src, tgt = (Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("es", "en"))
+        value = f"{prefix}.tsv"
+        Path(value).write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, tgt, strict=True)), encoding="utf-8")
+    ds = read_parallel(value, "es", "en", tmp_path / "cache")
+    files = {str(Path(f["filename"]).resolve()) for f in ds.cache_files}
+    assert files and sum(Path(f).stat().st_size for f in files) > 8 << 20
+    assert resident_kib(files) < 1024, resident_kib(files)
+    assert len(ds) == 40_000 and ds[39_999]["tgt"].startswith("39999 word")  # still readable
+
+
+def test_training_the_tokenizer_on_a_tsv_corpus_keeps_none_of_its_pages_resident(tmp_path, monkeypatch):
+    """SentencePiece reads a TSV/JSONL corpus through the dataset, batch by batch: the pages
+    of each batch are dropped once it is read."""
+    import sentencepiece as spm
+
+    from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+    from seq2seq_cli.data import tokenizer
+
+    prefix = write_corpus(tmp_path / "corpus", 25_000)
+    src, tgt = (Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("es", "en"))
+    tsv = tmp_path / "big.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, tgt, strict=True)), encoding="utf-8")
+    config = Config(name="t", run_dir=str(tmp_path / "run"), data=DataConfig(train=str(tsv), src_lang="es", tgt_lang="en"),
+                    tokenizer=TokenizerConfig(vocab_size=60, input_sentence_size=2000), train=TrainConfig(max_steps=1))
+    seen: list[int] = []
+    real = spm.SentencePieceTrainer.train
+
+    def counting(**kwargs):  # what the sentences left resident, once SentencePiece has read them all
+        sentences = list(kwargs.pop("sentence_iterator"))
+        mapped = {line.split()[-1] for line in open("/proc/self/maps", encoding="utf-8")
+                  if line.rstrip().endswith(".arrow") and str(tmp_path) in line}
+        seen.append(resident_kib(mapped))
+        real(sentence_iterator=iter(sentences), **kwargs)
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", counting)
+    tokenizer.make_tokenizer(config)
+    assert seen and max(seen) < 1024, seen
