@@ -169,8 +169,11 @@ class Translator:
         if blank:  # not translated: the empty output, with the model's score for it
             empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
             src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
-            forced = [prefixes[i] for i in blank] if prefixes else None
-            for i, hyps in zip(blank, search(self.model, src, empty, 1, prefixes=forced)):
+            if prefixes:
+                found = search(self.model, src, empty, 1, prefixes=[prefixes[i] for i in blank])
+            else:
+                found = search(self.model, src, empty, 1)
+            for i, hyps in zip(blank, found):
                 out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
@@ -182,8 +185,12 @@ class Translator:
             rows = [i for i in batch if not (constraints and constraints[i])]
             if rows:
                 src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-                forced = [prefixes[i] for i in rows] if prefixes else None
-                for i, hyps in zip(rows, search(self.model, src, d, nbest, [first_line + i for i in rows], forced)):
+                lines_of = [first_line + i for i in rows]
+                if prefixes:
+                    found = search(self.model, src, d, nbest, lines_of, [prefixes[i] for i in rows])
+                else:
+                    found = search(self.model, src, d, nbest, lines=lines_of)
+                for i, hyps in zip(rows, found):
                     out[i] = hyps
             if held:
                 assert constraints is not None and not isinstance(self.model, Ensemble)  # refused in translate_file
