@@ -260,3 +260,11 @@ def test_every_constraint_case_is_documented():
     section = text[text.index("## Constraints and glossaries") :]
     documented = set(re.findall(r"^\| ((?:constraints|glossary)-[a-z0-9-]+) \|", section, flags=re.MULTILINE))
     assert documented == set(ERROR_CASES)
+
+
+def test_stdin_with_more_lines_than_the_constraint_file_is_one_line(run_dir, tmp_path):
+    cons = write(tmp_path / "c.jsonl", ['["Moses"]', "[]"])
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--constraints", str(cons)], input="uno\ndos\ntres\n")
+    assert r.exit_code == 1, r.output
+    assert r.stderr.strip() == (f"error: stdin has more lines than {cons} (2); "
+                                "expected one JSON list of target phrases per input line")
