@@ -279,3 +279,11 @@ def test_constraints_with_a_prefix_on_one_line_or_with_an_ensemble_are_one_line(
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines == [expected]
     assert out.read_text(encoding="utf-8") == "earlier\n"
+
+
+def test_stdin_with_more_lines_than_the_constraint_file_is_one_line(run_dir, tmp_path):
+    cons = write(tmp_path / "c.jsonl", ['["Moses"]', "[]"])
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--constraints", str(cons)], input="uno\ndos\ntres\n")
+    assert r.exit_code == 1, r.output
+    assert r.stderr.strip() == (f"error: stdin has more lines than {cons} (2); "
+                                "expected one JSON list of target phrases per input line")

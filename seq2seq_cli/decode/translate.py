@@ -221,8 +221,8 @@ class Translator:
         `constrained_beam_search`), computed once."""
         if self._word_start is None:
             pieces = [self.tgt_sp.id_to_piece(i) for i in range(self.tgt_sp.get_piece_size())]
-            starts = [p.startswith("\u2581") or not any(c.isalnum() for c in p) or self.tgt_sp.is_control(i)
-                      for i, p in enumerate(pieces)]
+            starts = [p.startswith("\u2581") or not any(c.isalnum() for c in p) or (p.startswith("<") and p.endswith(">"))
+                      for p in pieces]  # special pieces (<pad>, </s>, ...) count as word starts
             vocab = self.attention_model.tgt_embed.tokens.num_embeddings
             starts = (starts + [True] * vocab)[:vocab]
             self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
