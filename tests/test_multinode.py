@@ -118,3 +118,28 @@ def test_each_node_reading_its_own_copy_of_the_corpus_uses_the_encoding_rank_0_c
     lines: list[str] = []
     train(load_config(cfgs[main], ["train.max_steps=3"]), resume=True, progress=False, log=lines.append)
     assert sum("reusing encoded" in line for line in lines) == 2, lines  # train and valid
+
+
+def test_a_run_directory_on_a_filesystem_without_file_locks_is_one_line(tmp_path, monkeypatch):
+    """A shared filesystem mounted without lock support (Lustre without -o flock, NFS without
+    its lock service) makes flock fail with ENOSYS or ENOLCK: said in one line, nothing written."""
+    import errno
+    import fcntl
+
+    from typer.testing import CliRunner
+
+    from seq2seq_cli.cli import app
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    cfg = make_config(tmp_path, "run", max_steps=1)
+    result = CliRunner().invoke(app, ["train", "--config", str(cfg), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0] == (f"error: {tmp_path / 'run'}: the run directory cannot be locked (No locks available): its "
+                        "filesystem does not support file locks (Lustre: mount it with -o flock; NFS: run its lock "
+                        "service); use a run_dir on one that does")
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "cache").exists()

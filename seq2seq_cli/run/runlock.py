@@ -61,6 +61,12 @@ def acquire(run_dir: Path, command: str) -> Path:
             f"{run_dir}: run directory is in use by {_describe_holder(lock_path)}; "
             "wait for it to finish, or use another run_dir"
         ) from None
+    except OSError as exc:  # ENOLCK, ENOSYS: a (shared) filesystem mounted without lock support
+        f.close()
+        raise UserError(
+            f"{run_dir}: the run directory cannot be locked ({exc.strerror or exc}): its filesystem does not support "
+            "file locks (Lustre: mount it with -o flock; NFS: run its lock service); use a run_dir on one that does"
+        ) from None
     except BaseException:
         f.close()
         raise
@@ -128,6 +134,8 @@ def holder(run_dir: Path) -> str | None:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return _describe_holder(lock_path)
+        except OSError:  # no lock support there: no holder can be told (taking the lock says so)
+            return None
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     return None
 
