@@ -3,7 +3,8 @@
 `hold(run_dir, command)` takes an OS file lock (`fcntl.flock`) on `RUN/.lock` for as long as
 a command writes the run (`train`, `tokenize`). The lock belongs to the open file, so it dies
 with the process: a killed run leaves no stale lock. The holder writes its pid, command and
-start time into the file, so a second command can say who holds the run. Within one process
+start time into the file, so a second command can say who holds the run (and the holder's
+machine, when it is another one sharing the run directory). Within one process
 the lock is re-entrant (`train` trains the tokenizer under its own lock).
 
 `check_writable` names a run directory this process may not write (or create), before
@@ -18,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -34,7 +36,9 @@ def _describe_holder(lock_path: Path) -> str:
     try:
         info = json.loads(lock_path.read_text(encoding="utf-8"))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
-        return f"pid {info['pid']} ({info['command']}, since {since})"
+        host = info.get("host")  # on a shared filesystem the holder may run on another machine
+        where = f" on {host}" if host and host != socket.gethostname() else ""
+        return f"pid {info['pid']}{where} ({info['command']}, since {since})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
 
@@ -72,7 +76,7 @@ def acquire(run_dir: Path, command: str) -> Path:
         raise
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}) + "\n")
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": time.time()}) + "\n")
     f.flush()
     _held[lock_path] = (f, 1)
     return lock_path
