@@ -118,3 +118,57 @@ def test_each_node_reading_its_own_copy_of_the_corpus_uses_the_encoding_rank_0_c
     lines: list[str] = []
     train(load_config(cfgs[main], ["train.max_steps=3"]), resume=True, progress=False, log=lines.append)
     assert sum("reusing encoded" in line for line in lines) == 2, lines  # train and valid
+
+
+def test_a_run_directory_on_a_filesystem_without_file_locks_is_one_line(tmp_path, monkeypatch):
+    """A shared filesystem mounted without lock support (Lustre without -o flock, NFS without
+    its lock service) makes flock fail with ENOSYS or ENOLCK: said in one line, nothing written."""
+    import errno
+    import fcntl
+
+    from typer.testing import CliRunner
+
+    from seq2seq_cli.cli import app
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    cfg = make_config(tmp_path, "run", max_steps=1)
+    result = CliRunner().invoke(app, ["train", "--config", str(cfg), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0] == (f"error: {tmp_path / 'run'}: the run directory cannot be locked (No locks available): its "
+                        "filesystem does not support file locks (Lustre: mount it with -o flock; NFS: run its lock "
+                        "service); use a run_dir on one that does")
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "cache").exists()
+
+
+def test_a_run_locked_from_another_machine_names_that_machine(tmp_path):
+    """On a shared run directory the lock's holder may run elsewhere: its pid alone would
+    point at the wrong process, so the message names its machine too."""
+    import socket
+    import time
+
+    from typer.testing import CliRunner
+
+    from seq2seq_cli.cli import app
+
+    run = tmp_path / "run"
+    run.mkdir()
+    code = ("import fcntl, json, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX);"
+            "f.write(json.dumps({'pid': 4242, 'host': 'node2', 'command': 'seq2seq train', 'since': 0}) + '\\n');"
+            "f.flush(); print('locked', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(run / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        result = CliRunner().invoke(app, ["train", "--config", str(make_config(tmp_path, "run")), "--no-progress"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 1
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(0))
+    assert result.stderr.strip() == (f"error: {run}: run directory is in use by pid 4242 on node2 (seq2seq train, "
+                                     f"since {since}); wait for it to finish, or use another run_dir")
+    assert socket.gethostname() != "node2"

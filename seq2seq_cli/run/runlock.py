@@ -3,7 +3,8 @@
 `hold(run_dir, command)` takes an OS file lock (`fcntl.flock`) on `RUN/.lock` for as long as
 a command writes the run (`train`, `tokenize`). The lock belongs to the open file, so it dies
 with the process: a killed run leaves no stale lock. The holder writes its pid, command and
-start time into the file, so a second command can say who holds the run. Within one process
+start time into the file, so a second command can say who holds the run (and the holder's
+machine, when it is another one sharing the run directory). Within one process
 the lock is re-entrant (`train` trains the tokenizer under its own lock).
 
 `check_writable` names a run directory this process may not write (or create), before
@@ -18,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -34,7 +36,9 @@ def _describe_holder(lock_path: Path) -> str:
     try:
         info = json.loads(lock_path.read_text(encoding="utf-8"))
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info["since"])))
-        return f"pid {info['pid']} ({info['command']}, since {since})"
+        host = info.get("host")  # on a shared filesystem the holder may run on another machine
+        where = f" on {host}" if host and host != socket.gethostname() else ""
+        return f"pid {info['pid']}{where} ({info['command']}, since {since})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
 
@@ -61,12 +65,18 @@ def acquire(run_dir: Path, command: str) -> Path:
             f"{run_dir}: run directory is in use by {_describe_holder(lock_path)}; "
             "wait for it to finish, or use another run_dir"
         ) from None
+    except OSError as exc:  # ENOLCK, ENOSYS: a (shared) filesystem mounted without lock support
+        f.close()
+        raise UserError(
+            f"{run_dir}: the run directory cannot be locked ({exc.strerror or exc}): its filesystem does not support "
+            "file locks (Lustre: mount it with -o flock; NFS: run its lock service); use a run_dir on one that does"
+        ) from None
     except BaseException:
         f.close()
         raise
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}) + "\n")
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": time.time()}) + "\n")
     f.flush()
     _held[lock_path] = (f, 1)
     return lock_path
@@ -128,6 +138,8 @@ def holder(run_dir: Path) -> str | None:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return _describe_holder(lock_path)
+        except OSError:  # no lock support there: no holder can be told (taking the lock says so)
+            return None
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     return None
 
