@@ -325,13 +325,13 @@ def average(
 @app.command()
 @user_errors
 def export(
-    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into.")],
+    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into (for argos, the .argosmodel file).")],
     model: ModelOpt,
-    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, or hf (a MarianMTModel directory).")] = "ctranslate2",
+    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, hf (a MarianMTModel directory) or argos (an Argos Translate .argosmodel package).")] = "ctranslate2",
     quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory (or an existing .argosmodel).")] = False,
 ) -> None:
-    """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""
+    """Export a trained model for another inference engine (CTranslate2, Argos Translate) or as a Hugging Face Marian model."""
     from seq2seq_cli.interop.export import export_ctranslate2
 
     if format == "hf":
@@ -341,8 +341,13 @@ def export(
             raise UserError("--quantization is for --format ctranslate2; hf exports float32 weights")
         typer.echo(f"wrote {export_hf(model, output, force)}")
         return
+    if format == "argos":
+        from seq2seq_cli.interop.argos import export_argos
+
+        typer.echo(f"wrote {export_argos(model, output, quantization, force)}")
+        return
     if format != "ctranslate2":
-        raise UserError(f"--format {format!r}: supported formats: ctranslate2, hf")
+        raise UserError(f"--format {format!r}: supported formats: ctranslate2, hf, argos")
     typer.echo(f"wrote {export_ctranslate2(model, output, quantization, force)}")
 
 
