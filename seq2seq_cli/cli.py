@@ -251,7 +251,7 @@ def serve(
     model: ModelOpt,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; the default answers this machine only (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="TCP port to listen on.")] = 5000,
-    batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it.")] = 5.0,
+    batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it (only while several clients are being served).")] = 5.0,
     batching: Annotated[bool, typer.Option("--batching/--no-batching", help="Decode the requests queued together in one batch (--no-batching: one request per batch).")] = True,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests queued or being decoded; more are answered 503 with Retry-After.")] = 256,
     max_chars: Annotated[int, typer.Option("--max-chars", min=1, help="Characters of text per request; more are answered 413.")] = 20000,
