@@ -259,7 +259,7 @@ def serve(
     model: ModelOpt,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; the default answers this machine only (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="TCP port to listen on.")] = 5000,
-    batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it.")] = 5.0,
+    batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it (only while several clients are being served).")] = 5.0,
     batching: Annotated[bool, typer.Option("--batching/--no-batching", help="Decode the requests queued together in one batch (--no-batching: one request per batch).")] = True,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests queued or being decoded; more are answered 503 with Retry-After.")] = 256,
     max_chars: Annotated[int, typer.Option("--max-chars", min=1, help="Characters of text per request; more are answered 413.")] = 20000,
@@ -334,13 +334,13 @@ def average(
 @app.command()
 @user_errors
 def export(
-    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into.")],
+    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into (for argos, the .argosmodel file).")],
     model: ModelOpt,
-    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, or hf (a MarianMTModel directory).")] = "ctranslate2",
+    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, hf (a MarianMTModel directory) or argos (an Argos Translate .argosmodel package).")] = "ctranslate2",
     quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory (or an existing .argosmodel).")] = False,
 ) -> None:
-    """Export a trained model for another inference engine (CTranslate2) or as a Hugging Face Marian model."""
+    """Export a trained model for another inference engine (CTranslate2, Argos Translate) or as a Hugging Face Marian model."""
     from seq2seq_cli.interop.export import export_ctranslate2
 
     if format == "hf":
@@ -350,8 +350,13 @@ def export(
             raise UserError("--quantization is for --format ctranslate2; hf exports float32 weights")
         typer.echo(f"wrote {export_hf(model, output, force)}")
         return
+    if format == "argos":
+        from seq2seq_cli.interop.argos import export_argos
+
+        typer.echo(f"wrote {export_argos(model, output, quantization, force)}")
+        return
     if format != "ctranslate2":
-        raise UserError(f"--format {format!r}: supported formats: ctranslate2, hf")
+        raise UserError(f"--format {format!r}: supported formats: ctranslate2, hf, argos")
     typer.echo(f"wrote {export_ctranslate2(model, output, quantization, force)}")
 
 

@@ -1,7 +1,9 @@
 """CTranslate2 export: the exported model's beam search output equals ours up to ties of
 float32 rounding, and scores each token as ours does; the output directory is replaced as a
-whole or not at all."""
+whole or not at all. Argos export: the real argostranslate installs the package and translates
+with it offline as we do; the package file is replaced as a whole or not at all."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,190 @@ def test_ctranslate2_export_keeps_the_embedding_scale(scale_embedding, tmp_path)
             logits = model(src[i : i + 1], torch.tensor([[BOS, *ids]]))[0]
         mine = torch.log_softmax(logits, dim=-1)[torch.arange(len(ids) + 1), torch.tensor([*ids, EOS])]
         assert torch.allclose(mine, torch.tensor(scored.log_probs), atol=1e-4), (scored.log_probs, mine.tolist())
+
+
+# Runs in a fresh interpreter whose HOME, XDG directories and ARGOS_PACKAGES_DIR lie in the
+# test's temporary directory: argostranslate reads its settings and creates its directories
+# when imported. Every network connection is refused and recorded, to show the package
+# installs and translates offline. With ARGOS_CHUNK_TYPE=SPACY argostranslate fetches spaCy's
+# multilingual sentence model when imported, for packages that carry no sentence splitter of
+# their own; ours carries one (spacy/), so that fetch is replaced by "none cached".
+ARGOS_SCRIPT = r"""
+import json, socket, sys
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args[1:2]))
+    raise OSError("network use refused by the test")
+socket.socket.connect = refuse
+socket.getaddrinfo = refuse
+try:
+    import argostranslate.networking
+    argostranslate.networking.cache_spacy = lambda: None
+    import argostranslate.package
+    import argostranslate.settings
+    import argostranslate.translate
+except ImportError as exc:
+    print(json.dumps({"skip": f"argostranslate cannot be imported ({type(exc).__name__}: {exc})"}))
+    sys.exit(0)
+path, from_code, to_code, text = sys.argv[1:5]
+argostranslate.package.install_from_path(path)
+packages = [(p.from_code, p.to_code, p.package_path.name) for p in argostranslate.package.get_installed_packages()]
+out = {"packages": packages}
+translation = argostranslate.translate.get_translation_from_codes(from_code, to_code)
+for beam in (1, 4):
+    argostranslate.settings.beam_size = beam
+    translation.cache = {}  # it keeps each paragraph's last translation: clear it so that this search runs
+    out[f"beam{beam}"] = translation.translate(text)
+out["network"] = attempts
+print(json.dumps(out))
+"""
+
+
+def _argos_env(tmp_path: Path) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ARGOS_", "XDG_"))}
+    home = tmp_path / "home"
+    env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"),
+               XDG_CACHE_HOME=str(home / "cache"), ARGOS_PACKAGES_DIR=str(tmp_path / "argos-packages"),
+               ARGOS_CHUNK_TYPE="SPACY", ARGOS_DEVICE_TYPE="cpu", ARGOS_INTRA_THREADS="1",
+               # its default, auto, lets CTranslate2 compute in int8 on a CPU that has it; ours is float32
+               ARGOS_COMPUTE_TYPE="float32")
+    return env
+
+
+def test_argos_package_installs_and_translates_offline_as_ours(run_dir, tmp_path):
+    """The real argostranslate installs the exported .argosmodel with install_from_path and
+    translates with it, offline, as our own search does: greedy (ARGOS_BEAM_SIZE 1) and beam 4
+    with its length penalty 0.2."""
+    import json
+    import subprocess
+    import sys
+    import zipfile
+
+    out = tmp_path / "es_en.argosmodel"
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", "argos", str(out)])
+    assert r.exit_code == 0, r.output
+    with zipfile.ZipFile(out) as zf:
+        names = zf.namelist()
+    assert {n.split("/")[0] for n in names} == {"translate-es_en-1_0"}
+    for member in ("model/model.bin", "sentencepiece.model", "metadata.json", "spacy/config.cfg", "README.md"):
+        assert f"translate-es_en-1_0/{member}" in names
+
+    # One sentence (Argos splits text into sentences first), which our search ends before its length limit.
+    limits = {"max_len_a": 0.0, "max_len_b": 200}
+    greedy = Translator.load(run_dir, "cpu", {"beam_size": 1, **limits})
+    beam = Translator.load(run_dir, "cpu", {"beam_size": 4, "length_penalty": 0.2, **limits})
+    lines = [line for line in (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()
+             if sum(line.count(c) for c in ".!?") == 1 and line.endswith(".")]
+    text = next(line for line in lines if len(greedy.translate_hypotheses([line])[0][0].tokens) < 150)
+    ours = {"beam1": greedy.translate([text])[0], "beam4": beam.translate([text])[0]}
+
+    proc = subprocess.run([sys.executable, "-c", ARGOS_SCRIPT, str(out), "es", "en", text], env=_argos_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got["packages"] == [["es", "en", "translate-es_en-1_0"]]
+    assert got["network"] == []
+    assert got["beam1"] == ours["beam1"], (text, got, ours)
+    assert got["beam4"] == ours["beam4"], (text, got, ours)
+
+
+# The rows of docs/errors.md, section "Argos packages", each checked below.
+ARGOS_CASES = {"argos-output-exists", "argos-output-directory", "argos-output-in-run", "argos-vocabulary-file",
+               "argos-separate-tokenizers"}
+
+
+def _argos_error(args: list[str]) -> str:
+    r = CliRunner().invoke(app, ["export", "--format", "argos", *args])
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output
+    return r.stderr.strip()
+
+
+def test_argos_export_refuses_outputs_that_would_lose_data(run_dir, tmp_path):
+    """argos-output-exists, argos-output-directory, argos-output-in-run: refused before any
+    conversion, the file or directory there left as it was."""
+    old = tmp_path / "old.argosmodel"
+    old.write_bytes(b"old package")
+    assert _argos_error(["--model", str(run_dir), str(old)]) == f"error: {old}: already exists; use --force to overwrite"
+    assert old.read_bytes() == b"old package"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert _argos_error(["--model", str(run_dir), str(folder), "--force"]) == \
+        f"error: {folder}: is a directory, expected a file name to write"
+    ckpt = run_dir / "checkpoints" / "best.safetensors"
+    before = ckpt.read_bytes()
+    assert _argos_error(["--model", str(run_dir), str(ckpt), "--force"]) == \
+        f"error: {ckpt}: is a file of the run being exported ({run_dir}); write elsewhere"
+    assert ckpt.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "old.argosmodel"]  # no temporary file left
+
+
+def test_argos_export_replaces_a_package_only_when_complete(run_dir, tmp_path, monkeypatch):
+    """--force replaces an existing package with a complete one; an export that fails midway
+    leaves the old package as it was, and no temporary file beside it."""
+    import zipfile
+
+    import seq2seq_cli.interop.argos as argos
+
+    out = tmp_path / "es_en.argosmodel"
+    out.write_bytes(b"old package")
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(argos, "write_sentence_splitter", broken)
+        r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", "argos", str(out), "--force"])
+    assert r.exit_code != 0
+    assert out.read_bytes() == b"old package"
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", "argos", str(out), "--force"])
+    assert r.exit_code == 0, r.output
+    with zipfile.ZipFile(out) as zf:
+        meta = json.loads(zf.read("translate-es_en-1_0/metadata.json"))
+    assert meta == {"package_version": "1.0", "argos_version": "1.10", "type": "translate", "from_code": "es",
+                    "from_name": "Spanish", "to_code": "en", "to_name": "English", "links": []}
+
+
+def test_argos_export_needs_one_sentencepiece_model(run_dir, tmp_path, monkeypatch):
+    """argos-vocabulary-file, argos-separate-tokenizers: Argos encodes and decodes with one
+    SentencePiece model, so a run with a vocabulary file (a Marian import) or separate source
+    and target models is refused, and nothing is written."""
+    import dataclasses
+
+    import seq2seq_cli.interop.argos as argos
+
+    real = argos.load_run
+    out = tmp_path / "x.argosmodel"
+
+    def with_vocabulary_file(path, device):
+        run = real(path, device)
+        tok = run.config.tokenizer.model_copy(update={"vocabulary": "file"})
+        return dataclasses.replace(run, config=run.config.model_copy(update={"tokenizer": tok}))
+
+    monkeypatch.setattr(argos, "load_run", with_vocabulary_file)
+    assert _argos_error(["--model", str(run_dir), str(out)]) == (
+        f"error: {run_dir}: cannot be exported for Argos: it tokenizes with SentencePiece models alone, "
+        "and this run uses tokenizer.vocabulary: file")
+
+    class OtherModel:
+        def serialized_model_proto(self) -> bytes:
+            return b"another SentencePiece model"
+
+    monkeypatch.setattr(argos, "load_run", lambda path, device: dataclasses.replace(real(path, device), tgt_sp=OtherModel()))
+    assert _argos_error(["--model", str(run_dir), str(out)]) == (
+        f"error: {run_dir}: cannot be exported for Argos: a package holds one SentencePiece model for both "
+        "languages, and this run's source and target tokenizers differ (tokenizer.joint: false)")
+    assert not out.exists()
+
+
+def test_argos_errors_are_documented():
+    import re
+
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("## Argos packages", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"} == ARGOS_CASES

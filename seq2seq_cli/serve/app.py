@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.languages import LANGUAGE_NAMES
 from seq2seq_cli.serve.batcher import Batcher, JobOptions, QueueFull
 from seq2seq_cli.serve.page import PAGE
 
@@ -42,10 +43,6 @@ log = logging.getLogger("seq2seq.serve")
 # server (the model is loaded with them) and are set on the `serve` command line.
 REQUEST_DECODE_KEYS = [k for k in DecodeConfig.model_fields if k not in ("batch_tokens", "precision", "quantize")]
 V1_KEYS = ["q", "source", "target", "api_key", "nbest", "alignment", "attention", "prefix"]
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "ja": "Japanese",
-    "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
-}
 
 
 @dataclass

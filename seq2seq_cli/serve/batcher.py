@@ -8,6 +8,11 @@ without them batch together. Each job's future then receives exactly its own
 lines, in order. Jobs with other options wait for their own turn; sampling jobs are decoded
 one request at a time, so a seed gives the same samples as `translate` of the same lines.
 
+The window is spent only under concurrency: when the last round decoded a single request (one
+client, or a server that was idle), the next request is decoded as soon as the decoder is
+free, so a lone client's latency is its decoding time; the requests that queue while the
+decoder is busy are decoded together in the round after.
+
 Decoding is CPU-bound torch work: it runs on this thread, never on the server's event loop.
 """
 
@@ -76,6 +81,7 @@ class Batcher:
         self.counters = Counters()
         self._queue: deque[Job] = deque()
         self._busy = 0  # requests being decoded now
+        self._last_round = 0  # requests decoded together in the last round: more than one, the window is used
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="seq2seq-decoder", daemon=True)
@@ -124,7 +130,7 @@ class Batcher:
                 self._cond.wait()
             first = self._queue[0]
             alone = not self.batching or _sampling(first.options)
-            if not alone:
+            if not alone and self._last_round > 1:  # concurrent clients: wait for companions
                 deadline = first.arrived + self.wait_s
                 while not self._stopping and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
@@ -132,7 +138,7 @@ class Batcher:
             for job in group:
                 self._queue.remove(job)
             group = [j for j in group if j.future.set_running_or_notify_cancel()]  # timed out while queued: dropped
-            self._busy = len(group)
+            self._busy = self._last_round = len(group)
             return group
 
     def _run(self) -> None:
