@@ -12,11 +12,12 @@ search itself stays on the fast path.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Hypothesis, max_source_subwords, search
@@ -69,6 +71,7 @@ class Translator:
     device: torch.device
     run_dir: Path | None = None  # the run directory the model was loaded from
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
+    prefix: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
 
     @classmethod
     def load(cls, model_path: str | Path, device: str = "auto", overrides: dict[str, object] | None = None) -> Translator:
@@ -93,11 +96,20 @@ class Translator:
         model = for_decoding(model, decode.quantize)  # weights are fixed: pack them once
         return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages)
 
+    def with_tag(self, tag: str | None) -> Translator:
+        """This translator putting `tag` (one piece of the source tokenizer, e.g. '<bt>' or
+        '>>fr<<') in front of every source line, as training put a corpus's tag; None: as it is."""
+        if tag is None:
+            return self
+        return dataclasses.replace(self, prefix=[tag_id(self.src_sp, tag, f"--tag {tag}")])
+
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
-        """Source ids + EOS, truncated to what the model's positions allow; the indices of the
-        lines cut short are appended to `cut` when given."""
+        """Source ids + EOS (after the tag's id, if any), truncated to what the model's
+        positions allow; the indices of the lines cut short are appended to `cut` when given."""
         limit = max_source_subwords(self.model)
         encoded = self.src_sp.encode(lines)
+        if self.prefix:
+            encoded = [self.prefix + s if s else s for s in encoded]
         if cut is not None:
             cut.extend(i for i, s in enumerate(encoded) if len(s) > limit)
         return [s[:limit] + [EOS] for s in encoded]
@@ -171,10 +183,11 @@ class Translator:
         if not (self.decode.replace_unk and UNK in tokens and attention is not None):
             return self.tgt_sp.decode(tokens)
         surfaces = [p.surface for p in self.src_sp.encode(src_line, return_type="proto").pieces]
+        skip = len(self.prefix)  # the tag is not a piece of the line
         text = []
         for j, tok in enumerate(tokens):
             if tok == UNK:
-                i = int(attention[j, : len(surfaces)].argmax()) if surfaces else 0
+                i = int(attention[j, skip : skip + len(surfaces)].argmax()) if surfaces else 0
                 text.append(surfaces[i] if surfaces else "")
             else:
                 text.append(self.tgt_sp.id_to_piece(tok).replace("\u2581", " "))
@@ -193,7 +206,8 @@ class Translator:
             if opts.scores:
                 line += f"\t{h.score:.4f}"
             if opts.alignment:
-                pairs = [] if attention is None else attention[: len(h.tokens), : len(src_ids) - 1].argmax(dim=1).tolist()
+                skip = len(self.prefix)  # source positions are the line's pieces, the tag not counted
+                pairs = [] if attention is None else attention[: len(h.tokens), skip : len(src_ids) - 1].argmax(dim=1).tolist()
                 line += "\t" + " ".join(f"{i}-{j}" for j, i in enumerate(pairs))
             if opts.attention_plots and rank == 0 and attention is not None:
                 plot_attention(
