@@ -109,9 +109,12 @@ def test_training_draws_the_weighted_share_of_each_corpus_per_epoch(tmp_path, mo
     parts = [Part(c["path"], c["weight"], c["tag"], 0, c["kept"]) for c in corpora_record]
     starts = np.cumsum([0] + [p.count for p in parts])[:-1]
     parts = [Part(p.path, p.weight, p.tag, int(s), p.count) for p, s in zip(parts, starts)]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    logged = {r["epoch"]: r["train_drawn"] for r in records if "train_drawn" in r}
+    assert sorted(logged) == [1, 2, 3] and len([r for r in records if "train_drawn" in r]) == 3
     for epoch in range(3):
         rows = np.concatenate([index for e, index in seen if e == epoch])
-        assert drawn_per_corpus(parts, rows) == [c["drawn_per_epoch"] for c in corpora_record]
+        assert drawn_per_corpus(parts, rows) == [c["drawn_per_epoch"] for c in corpora_record] == logged[epoch + 1]
 
 
 def test_one_corpus_of_weight_one_is_the_plain_split():
@@ -135,8 +138,10 @@ def test_interrupted_and_resumed_run_on_several_corpora_is_bit_identical(tmp_pat
     quiet(cfg, False, *options, f"train.max_steps={stop_at}")
     run = quiet(cfg, True, *options)
     assert_same(ref, run)
-    epochs = [json.loads(line).get("epoch", 0) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert max(epochs) >= 2  # the runs crossed an epoch boundary, where the draw changes
+    drawn = [[r for r in map(json.loads, (r_ / "metrics.jsonl").read_text().splitlines()) if "train_drawn" in r]
+             for r_ in (ref, run)]
+    assert drawn[0] == drawn[1]  # each epoch's counts once, resumed or not
+    assert len(drawn[0]) >= 2  # the runs crossed an epoch boundary, where the draw changes
 
 
 def test_tags_are_single_pieces_that_reach_the_model(prepared):
@@ -209,3 +214,19 @@ def test_a_tag_a_supplied_model_would_split_is_refused(tmp_path):
 def test_a_plain_string_train_saves_as_it_was_given(tmp_path):
     cfg = load_config(REPO / "configs" / "tiny.yaml")
     assert cfg.data.train == "data/bible-es-en/valid" and cfg.data.corpora[0].weight == 1 and cfg.data.tags == []
+
+
+def test_a_tag_of_an_imported_vocabulary_is_its_id(tmp_path):
+    """An imported OPUS-MT model keeps its >>fra<< tokens in vocab.json: --tag gives their id."""
+    from seq2seq_cli.data.tokenizer import VocabTokenizer, tag_id
+    from seq2seq_cli.errors import UserError
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(ES[:300]), model_prefix=str(tmp_path / "m"), vocab_size=100,
+                                   minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
+    vocab = {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, ">>fra<<": 4, ">>por<<": 5}
+    vocab.update({sp.id_to_piece(i): len(vocab) for i in range(3, sp.get_piece_size()) if sp.id_to_piece(i) not in vocab})
+    tok = VocabTokenizer(sp, vocab)
+    assert tag_id(tok, ">>por<<", "--tag >>por<<") == 5
+    with pytest.raises(UserError, match="--tag >>deu<<: tag '>>deu<<' is not in the model's vocabulary"):
+        tag_id(tok, ">>deu<<", "--tag >>deu<<")

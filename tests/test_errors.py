@@ -286,6 +286,15 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-jsonl-field": (
         lambda ws: ["train", "-c", pairs_file(ws, "field.jsonl", ['{"es": "uno", "en": "one"}', '{"es": "dos"}'])],
         ["field.jsonl:2: expected string field(s) 'en'"], 1),
+    "data-tmx-invalid": (
+        lambda ws: ["train", "-c", pairs_file(ws, "bad.tmx", ['<tmx version="1.4"><body>', '<tu><tuv xml:lang="es"><seg>a & b</seg>',
+                                                              '</tuv></tu></body></tmx>'])],
+        ["bad.tmx:2: not well-formed XML (not well-formed (invalid token), column 32); expected a TMX document"], 1),
+    "data-tmx-language": (
+        lambda ws: ["train", "-c", pairs_file(ws, "de.tmx", ['<tmx version="1.4"><body>',
+                                                             '<tu><tuv xml:lang="es"><seg>uno</seg></tuv>',
+                                                             '<tuv xml:lang="de"><seg>eins</seg></tuv></tu></body></tmx>'])],
+        ["de.tmx:2: translation unit without a variant in en (its languages: es, de;"], 1),
     # several training corpora
     "data-corpus-unknown-key": (
         lambda ws: ["train", "-c", corpora_config(ws, "corpuskey", {"wieght": 2})],

@@ -80,7 +80,8 @@ def test_a_large_file_is_read_in_bounded_memory(tmp_path):
      "c.tmx:9: translation unit without a variant in en (its languages: es, de; data.src_lang and data.tgt_lang name the two"),
     (unit("uno", "one") + "<tu>\n<tuv><seg>dos</seg></tuv>\n</tu>\n", HEADER,
      "c.tmx:9: <tuv> without xml:lang (expected the language of its segment)"),
-    (unit("uno", "one"), '<?xml version="1.0"?>\n<html>\n<body>\n', "c.tmx:2: expected a TMX document (root element <tmx>), found <html>"),
+    (unit("uno", "one"), '<?xml version="1.0"?>\n<html>\n<body>\n',
+     "c.tmx:2: expected a TMX document (root element <tmx>), found <html>"),
     ("", HEADER, "c.tmx: no translation units (<tu>) found (expected a TMX document of es and en segments)"),
     (unit("uno", "one") + "<tu>\n", HEADER, "c.tmx:10: not well-formed XML (mismatched tag, column 3); expected a TMX document"),
 ])

@@ -104,7 +104,7 @@ def tmx_units(path: Path, src_lang: str, tgt_lang: str) -> Iterator[tuple[int, s
             body: ET.Element | None = None
             first, start = True, 0
             try:
-                for event, elem in ET.iterparse(reader, events=("start", "end")):  # type: ignore[arg-type]
+                for event, elem in ET.iterparse(reader, events=("start", "end")):
                     tag = _local(elem.tag)
                     if event == "start":
                         if first and tag != "tmx":
