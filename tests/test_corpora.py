@@ -5,6 +5,7 @@ tokenizer and reaches the model's input ids, in training and in translation."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -186,6 +187,14 @@ def test_translate_tag_goes_in_front_of_each_line_and_blank_lines_stay(tmp_path)
         assert r.exit_code == 0, r.output
         got = out.read_text(encoding="utf-8").split("\n")[:-1]
         assert len(got) == len(lines) + 1 and got[1] == got[3] == got[5] == ""
+    if importlib.util.find_spec("fastapi") is not None:  # serve --tag: the same translator behind HTTP
+        from fastapi.testclient import TestClient
+
+        from seq2seq_cli.serve.app import ServeSettings, create_app
+
+        with TestClient(create_app(tagged, ServeSettings())) as client:
+            served = client.post("/v1/translate", json={"q": "hola\nen el principio"}).json()["results"]
+        assert [x["translation"] for x in served] == tagged.translate(["hola", "en el principio"])
     r = runner.invoke(app, ["translate", "-m", str(run), "--tag", "<xx>"], input="hola\n")
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.strip().startswith("error: --tag <xx>: tag '<xx>' is not one piece of the tokenizer")
