@@ -73,6 +73,8 @@ ModelsOpt = Annotated[list[Path], typer.Option(
     "--model", "-m", metavar="RUN", help="Run directory (uses best, else last checkpoint) or a checkpoint file; repeat for an ensemble "
                           "(the models' probabilities averaged at each step; one target vocabulary).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
+TagOpt = Annotated[str | None, typer.Option(
+    "--tag", help="A token put in front of each source line, as a corpus tag was in training: '<bt>', '>>fr<<'.")]
 
 # The decoding flags of translate and evaluate, one per DecodeConfig field (in its order): the
 # flag names and help are given here; the type and the lower bound come from the field.
@@ -232,6 +234,7 @@ def translate(
     device: DeviceOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
     prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
+    tag: TagOpt = None,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -240,7 +243,7 @@ def translate(
     from seq2seq_cli.decode.translate import OutputOptions, Translator, translate_file
 
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
-    translator = Translator.load(model, device, decode)
+    translator = Translator.load(model, device, decode).with_tag(tag)
     layers = translator.model.cfg.decoder_layers
     if not -layers <= attention_layer < layers:
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
@@ -267,6 +270,7 @@ def serve(
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds a request may wait for its translation; then 504.")] = 60.0,
     api_keys: Annotated[Path | None, typer.Option("--api-keys", help="File of API keys, one per line: requests must carry one (api_key field or X-API-Key header), else 403.")] = None,
     device: DeviceOpt = "auto",
+    tag: TagOpt = None,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -278,7 +282,7 @@ def serve(
         raise UserError(f"serve needs the serve extra ({exc.name} is missing): pip install 'seq2seq[serve]'") from None
 
     settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching)
-    run_server(model, device, decode, host, port, settings, api_keys)
+    run_server(model, device, decode, host, port, settings, api_keys, tag)
 
 
 @app.command()
@@ -292,6 +296,7 @@ def evaluate(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the translations of --src here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON line.")] = False,
     device: DeviceOpt = "auto",
+    tag: TagOpt = None,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -307,7 +312,9 @@ def evaluate(
     if model is not None:
         from seq2seq_cli.decode.translate import Translator
 
-        translator = Translator.load(model, device, decode)
+        translator = Translator.load(model, device, decode).with_tag(tag)
+    elif tag is not None:
+        raise UserError(f"--tag {tag}: goes with --model and --src (it is put in front of each source line)")
     scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output)
     if as_json:
         typer.echo(json.dumps(scores.as_dict()))

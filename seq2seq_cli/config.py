@@ -6,13 +6,25 @@ package validates configuration: functions receive a `Config` that is already va
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from seq2seq_cli.errors import UserError
@@ -52,14 +64,43 @@ class Section(BaseModel):
         return value
 
 
+class CorpusConfig(Section):
+    """One training corpus of several (`data.train` as a list)."""
+
+    path: str = Field(description="a prefix (text files) or a .tsv/.jsonl/.tmx file, as data.train")
+    weight: float = Field(
+        1.0, gt=0, allow_inf_nan=False,
+        description="pairs per epoch = round(weight x pairs kept): 2 = every pair twice, 0.5 = a different half each epoch",
+    )
+    tag: str | None = Field(None, description="a token put in front of each source sentence, e.g. '<bt>' or '>>fr<<'")
+
+    @field_validator("tag")
+    @classmethod
+    def _one_token(cls, tag: str | None) -> str | None:
+        if tag is not None and (not tag or tag != tag.strip() or len(tag.split()) != 1):
+            raise ValueError("a tag is one token without spaces, e.g. '<bt>'")
+        return tag
+
+
+CORPUS_LIST = "corpora"  # the tag pydantic puts in an error's location for the list form of data.train
+
+TrainSplit = Annotated[
+    Annotated[str, Tag("path")] | Annotated[list[CorpusConfig], Tag(CORPUS_LIST)],
+    Discriminator(lambda v: CORPUS_LIST if isinstance(v, list) else "path"),
+]
+
+
 class DataConfig(Section):
     src_lang: str = Field("src", description="suffix of source files: PREFIX.SRC_LANG")
     tgt_lang: str = Field("tgt", description="suffix of target files: PREFIX.TGT_LANG")
-    train: str = Field(description="training split: a prefix (text files) or a .tsv/.jsonl file")
+    train: TrainSplit = Field(
+        description="training split: a prefix (text files) or a .tsv/.jsonl/.tmx file; or a list of corpora, "
+        "each {path, weight, tag}"
+    )
     valid: str | None = Field(None, description="validation split, as train")
     test: str | None = Field(None, description="test split, as train (used by the quick start)")
-    format: Literal["auto", "text", "tsv", "jsonl"] = Field(
-        "auto", description="auto: .tsv/.jsonl (optionally .gz) by file name, else two aligned text files"
+    format: Literal["auto", "text", "tsv", "jsonl", "tmx"] = Field(
+        "auto", description="auto: .tsv/.jsonl/.tmx (optionally .gz) by file name, else two aligned text files"
     )
     src_field: str | None = Field(None, description="JSONL field of the source; default src_lang")
     tgt_field: str | None = Field(None, description="JSONL field of the target; default tgt_lang")
@@ -71,6 +112,31 @@ class DataConfig(Section):
     )
     dedup: bool = Field(False, description="drop repeated (source, target) training pairs")
     num_proc: int = Field(1, ge=1, description="processes for reading and encoding")
+
+    @field_validator("train")
+    @classmethod
+    def _distinct_corpora(cls, train: str | list[CorpusConfig]) -> str | list[CorpusConfig]:
+        if isinstance(train, list):
+            if not train:
+                raise ValueError("an empty list: give at least one corpus ({path, weight, tag})")
+            seen: dict[str, int] = {}
+            for i, corpus in enumerate(train):
+                key = os.path.normpath(corpus.path)
+                if key in seen:
+                    raise ValueError(f"entry {i} ({corpus.path}) repeats entry {seen[key]}: give each corpus once "
+                                     "(raise its weight to use it more)")
+                seen[key] = i
+        return train
+
+    @property
+    def corpora(self) -> list[CorpusConfig]:
+        """The training corpora: the list given, or the one path as a corpus of weight 1."""
+        return list(self.train) if isinstance(self.train, list) else [CorpusConfig(path=self.train)]
+
+    @property
+    def tags(self) -> list[str]:
+        """The corpus tags, each once, in the order given."""
+        return list(dict.fromkeys(c.tag for c in self.corpora if c.tag))
 
 
 class TokenizerConfig(Section):
@@ -266,9 +332,24 @@ class Config(Section):
             )
         return self
 
+    _origin: str = PrivateAttr("")  # where it was read from (`where`): not part of its value
+    _lines: dict[tuple[str, ...], int] = PrivateAttr(default_factory=dict)
+
+    def __eq__(self, other: object) -> bool:
+        """Configs are equal when their settings are, wherever each was read from."""
+        return isinstance(other, Config) and self.model_dump() == other.model_dump()
+
     @property
     def run_path(self) -> Path:
         return Path(self.run_dir or f"runs/{self.name}")
+
+    def where(self, *key: str | int) -> str:
+        """Where a key of this config was set: 'FILE:LINE: data.train[1]' (the line where known),
+        for messages about a value that is valid in form but wrong on disk."""
+        loc = tuple(map(str, key))
+        origin = self._origin or "config"
+        line = self._lines.get(loc)
+        return f"{origin}:{line}: {_dotted(loc)}" if line else f"{origin}: {_dotted(loc)}"
 
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -320,6 +401,11 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
                 sub = (*path, str(key.value))
                 lines[sub] = key.start_mark.line + 1
                 walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                sub = (*path, str(index))
+                lines[sub] = item.start_mark.line + 1
+                walk(item, sub)
 
     try:
         root = yaml.compose(text)
@@ -330,26 +416,56 @@ def _key_lines(text: str) -> dict[tuple[str, ...], int]:
     return lines
 
 
+def _dotted(loc: tuple[str, ...]) -> str:
+    """A key path as the user reads it: data.train[1].weight."""
+    return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc).lstrip(".")
+
+
+def _section_of(model: type[BaseModel], loc: tuple[str, ...]) -> type[BaseModel]:
+    """The section (model class) that holds the last key of `loc`."""
+    section: Any = model
+    for part in loc[:-1]:
+        if part.isdigit():
+            continue
+        annotation = section.model_fields[part].annotation
+        found = [a for a in _flatten(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        section = found[0] if found else annotation
+    return section
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    """The types inside an annotation (unions, lists and Annotated unwrapped)."""
+    args = typing.get_args(annotation)
+    if not args:
+        return [annotation]
+    if typing.get_origin(annotation) is Annotated:
+        return _flatten(args[0])
+    return [t for a in args for t in _flatten(a)]
+
+
 def _describe(
     err: ErrorDetails, source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
     overridden: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
 ) -> str:
-    loc = tuple(str(p) for p in err["loc"])
-    key = ".".join(loc)
-    where = f"{source}:{lines[loc]}" if loc in lines else source
+    # the union of data.train puts its member's tag in the location: data.train.corpora.1.weight
+    loc = tuple(str(p) for i, p in enumerate(err["loc"])
+                if not (i and err["loc"][i - 1] == "train" and p in ("path", CORPUS_LIST)))
+    key = _dotted(loc)
+    known = next((loc[:n] for n in range(len(loc), 1, -1) if loc[:n] in lines), loc)  # nearest key with a line
+    where = f"{source}:{lines[known]}" if known in lines else source
+    given = next((o for o in overridden if loc[: len(o)] == o and o != loc), None)
     if loc in overridden:
         where = f"--set {key}"
+    elif given is not None:  # a key inside a value given by --set, e.g. --set data.train=[...]
+        where = f"--set {_dotted(given)}"
     if err["type"] == "extra_forbidden":
-        section: Any = model
-        for part in loc[:-1]:
-            section = section.model_fields[part].annotation
-        valid = ", ".join(section.model_fields)
+        valid = ", ".join(_section_of(model, loc).model_fields)
         return f"{where}: unknown key '{key}'; valid keys here: {valid}"
     if err["type"] == "missing":
         return f"{where}: missing required key '{key}'"
     msg = err["msg"].removeprefix("Value error, ")
     named = where if loc in overridden else f"{where}: {key}"  # `--set KEY` names the key already
-    if key and isinstance(err.get("input"), dict):  # a check across the keys of a section
+    if key and (isinstance(err.get("input"), dict) or loc == ("data", "train")):  # a check across keys, or corpora
         return f"{named}: {msg}"
     if key:
         return f"{named}: {msg} (got {err.get('input')!r})"
@@ -428,7 +544,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     run = run_of_config(path)
     if run is not None and ("run_dir",) not in overridden:
         raw["run_dir"] = str(run)  # a run is where its config.yaml is: a copied run trains the copy
-    return validate_config(raw, str(path), {k: v for k, v in lines.items() if k not in overridden}, overridden)
+    kept = {k: v for k, v in lines.items() if not any(k[: len(o)] == o for o in overridden)}
+    return validate_config(raw, str(path), kept, overridden)
 
 
 def validate_config(
@@ -436,10 +553,12 @@ def validate_config(
     overridden: set[tuple[str, ...]] | None = None,
 ) -> Config:
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
         msgs = [_describe(e, source, lines or {}, Config, overridden or set()) for e in exc.errors()]
         raise UserError("; ".join(msgs)) from None
+    config._origin, config._lines = source, dict(lines or {})
+    return config
 
 
 def dump_config(config: Config) -> str:

@@ -82,6 +82,19 @@ def pairs_file(ws: Path, name: str, lines: list[str], **data: object) -> Path:
     return config_with(ws, name.replace(".", "-"), edit)
 
 
+def corpora_config(ws: Path, name: str, second: dict) -> Path:
+    """A config whose data.train lists two corpora: the workspace corpus, and a TSV copy of
+    it with the keys `second` gives."""
+    tsv = ws / "corpus" / "train.tsv"
+    es, en = ((ws / "corpus" / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("es", "en"))
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(es, en)), encoding="utf-8")
+
+    def edit(raw: dict) -> None:
+        raw["data"]["train"] = [{"path": str(ws / "corpus" / "train")}, {"path": str(tsv), "weight": 0.5, **second}]
+
+    return config_with(ws, name, edit)
+
+
 def damaged_run(ws: Path) -> Path:
     run = ws / "damaged-run"
     if not run.exists():
@@ -290,6 +303,32 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-jsonl-field": (
         lambda ws: ["train", "-c", pairs_file(ws, "field.jsonl", ['{"es": "uno", "en": "one"}', '{"es": "dos"}'])],
         ["field.jsonl:2: expected string field(s) 'en'"], 1),
+    "data-tmx-invalid": (
+        lambda ws: ["train", "-c", pairs_file(ws, "bad.tmx", ['<tmx version="1.4"><body>', '<tu><tuv xml:lang="es"><seg>a & b</seg>',
+                                                              '</tuv></tu></body></tmx>'])],
+        ["bad.tmx:2: not well-formed XML (not well-formed (invalid token), column 32); expected a TMX document"], 1),
+    "data-tmx-language": (
+        lambda ws: ["train", "-c", pairs_file(ws, "de.tmx", ['<tmx version="1.4"><body>',
+                                                             '<tu><tuv xml:lang="es"><seg>uno</seg></tuv>',
+                                                             '<tuv xml:lang="de"><seg>eins</seg></tuv></tu></body></tmx>'])],
+        ["de.tmx:2: translation unit without a variant in en (its languages: es, de;"], 1),
+    # several training corpora
+    "data-corpus-unknown-key": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpuskey", {"wieght": 2})],
+        ["corpuskey.yaml:", "unknown key 'data.train[1].wieght'; valid keys here: path, weight, tag"], 1),
+    "data-corpus-weight": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpusweight", {"weight": 0})],
+        ["corpusweight.yaml:", "data.train[1].weight: Input should be greater than 0 (got 0)"], 1),
+    "data-corpus-missing-file": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpusfile", {"path": str(ws / "absent.tsv")})],
+        ["corpusfile.yaml:", ": data.train[1]: ", "absent.tsv: file not found (expected a tsv file"], 1),
+    "data-corpus-duplicate": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpusdup", {"path": str(ws / "corpus" / "train")})],
+        ["corpusdup.yaml:", "data.train: entry 1 (", "repeats entry 0: give each corpus once"], 1),
+    "data-corpus-tag-split": (
+        lambda ws: ["tokenize", "-c", corpora_config(ws, "corpustag", {"tag": "<bt>"}),
+                    "--set", f"tokenizer.src_model={ws / 'run' / 'spm.model'}"],
+        ["corpustag.yaml:", "data.train[1].tag (tokenizer.src_model", "tag '<bt>' is not one piece of the tokenizer"], 1),
     # run directory
     "run-exists": (lambda ws: ["train", "-c", ws / "tiny.yaml"],
                    ["holds the checkpoints of an earlier run", "--resume", "--overwrite"], 1),
@@ -406,6 +445,8 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "flag-nbest-over-beam": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "2", "--nbest", "3"],
                              ["--nbest 3 is larger than the beam size 2"], 1),
     "flag-unknown": (lambda ws: ["translate", "-m", ws / "run", "--beem", "4"], ["No such option: --beem"], 2),
+    "flag-tag-split": (lambda ws: ["translate", "-m", ws / "run", "--tag", "<bt>"],
+                       ["--tag <bt>: tag '<bt>' is not one piece of the tokenizer (it encodes as"], 1),
     "flag-missing-required": (lambda ws: ["translate"], ["Missing option '--model'"], 2),
 }
 

@@ -55,9 +55,15 @@ def token_batches(
 
 def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run
-    sees exactly the batches an uninterrupted one would."""
+    sees exactly the batches an uninterrupted one would. Of several weighted corpora, the
+    epoch holds the rows `corpora.epoch_rows` draws (one corpus of weight 1: all, as one split)."""
     rng = np.random.default_rng([seed, epoch])
-    return token_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
+    if corpus.parts is None:
+        return token_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
+    from seq2seq_cli.data.corpora import epoch_rows
+
+    rows = epoch_rows(corpus.parts, seed, epoch)
+    return [rows[b] for b in token_batches(corpus.src_lens[rows], corpus.tgt_lens[rows], max_tokens, rng)]
 
 
 def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Tensor:
@@ -116,17 +122,22 @@ def _sample(corpus: EncodedCorpus, index: np.ndarray, key: tuple[int, ...]) -> t
     longer than the length limit falls back to the cached segmentation."""
     import sentencepiece as spm
 
+    from seq2seq_cli.data.corpora import row_prefixes
+
     s = corpus.sampling
     assert s is not None
     table = corpus.table
     texts = [_take(table, c, index).to_pylist() for c in ("src", "tgt")]
     fixed = [_take(table, c, index).to_pylist() for c in ("src_ids", "tgt_ids")]
+    empty: list[list[int]] = [[]] * len(index)
+    prefixes = [row_prefixes(corpus, index), empty]  # a corpus tag goes in front of the source
     out = []
     for side, (sp, texts_, fixed_, limit) in enumerate(
         ((s.src_sp, texts[0], fixed[0], s.max_src_len), (s.tgt_sp, texts[1], fixed[1], s.max_tgt_len))
     ):
         spm.set_random_generator_seed(int(np.random.SeedSequence([*key, side]).generate_state(1)[0]))
         sampled = sp.encode(texts_, enable_sampling=True, alpha=s.alpha, nbest_size=s.nbest, num_threads=1)
+        sampled = [p + list(x) if x else x for p, x in zip(prefixes[side], sampled)]
         out.append([x if 0 < len(x) <= limit else f for x, f in zip(sampled, fixed_)])
     return out[0], out[1]
 

@@ -82,6 +82,8 @@ class EncodedCorpus:
     cache_path: Path | None = None
     release: Callable[[], None] | None = None  # drops the memory map's pages from this process
     decoder_start: int = BOS
+    parts: list[Any] | None = None  # several weighted corpora (`corpora.Part`s, in row order); None: one split
+    prefix: list[int] = field(default_factory=list)  # the ids put in front of each source (a corpus tag)
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -105,11 +107,14 @@ class Filters:
 
 
 def _encode_batch(
-    batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None
+    batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None,
+    prefix: list[int] | None = None,
 ) -> dict[str, list]:
     if release_dir:  # pages of the memory-mapped input already read (per process: map workers too)
         release_pages(release_dir)
     src_ids, tgt_ids = src_sp.encode(batch["src"]), tgt_sp.encode(batch["tgt"])
+    if prefix:  # a corpus tag: its id in front of each source that has one (an empty source stays empty)
+        src_ids = [prefix + s if s else s for s in src_ids]
     drop, hashes = [], []
     for s, t, text_s, text_t in zip(src_ids, tgt_ids, batch["src"], batch["tgt"]):
         ls, lt = len(s), len(t)
@@ -135,7 +140,7 @@ def _encode_batch(
 
 
 def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_file: Path | None = None,
-            release_dir: Path | None = None):
+            release_dir: Path | None = None, prefix: list[int] | None = None):
     """Batched `datasets.map` that adds ids, lengths, a drop code and a pair hash to each row."""
     datasets = quiet_datasets()
     ids = datasets.List(datasets.Value("int32")) if hasattr(datasets, "List") else datasets.Sequence(datasets.Value("int32"))
@@ -147,7 +152,7 @@ def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_
     return dataset.map(
         _encode_batch, batched=True, batch_size=ENCODE_BATCH, features=features,
         fn_kwargs={"src_sp": src_sp, "tgt_sp": tgt_sp, "filters": filters,
-                   "release_dir": str(release_dir) if release_dir else None},
+                   "release_dir": str(release_dir) if release_dir else None, "prefix": prefix or None},
         num_proc=num_proc if num_proc > 1 else None,
         cache_file_name=str(cache_file) if cache_file else None,
         keep_in_memory=cache_file is None, load_from_cache_file=False,
@@ -220,19 +225,24 @@ def _model_bytes(tok: Any) -> bytes:
     return tok.serialized_model_proto()
 
 
-def _empty_line(source: Source, index: int, side: str) -> UserError:
+def _empty_line(source: Source, index: int, side: str, langs: tuple[str, str] | None = None) -> UserError:
     """The on_empty: error message for pair `index` (0-based), naming the file that holds `side`."""
     path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
-    return UserError(f"{path}:{index + 1}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
+    line = index + 1
+    if source.format == "tmx" and langs is not None:  # a unit of a TMX file: the line of its <tu>
+        from seq2seq_cli.data.tmx import unit_line
+
+        line = unit_line(path, index, *langs)
+    return UserError(f"{path}:{line}: empty {side} sentence (data.on_empty: error; set skip to drop such pairs)")
 
 
-def _empty_error(encoded, source: Source) -> None:
+def _empty_error(encoded, source: Source, langs: tuple[str, str]) -> None:
     """on_empty: error -> raise for the first pair with an empty side, naming its file and line."""
     index = pc.index(pc.equal(encoded.data.column("_drop"), int(Drop.EMPTY)), True).as_py()
     if index < 0:
         return
     row = encoded[index]
-    raise _empty_line(source, index, "source" if not row["src_ids"] else "target")
+    raise _empty_line(source, index, "source" if not row["src_ids"] else "target", langs)
 
 
 def check_no_empty_lines(raw, value: str, d) -> None:
@@ -246,19 +256,21 @@ def check_no_empty_lines(raw, value: str, d) -> None:
     found = {side: index for side, index in first.items() if index >= 0}
     if found:
         side = min(found, key=lambda s: (found[s], s != "source"))  # the earliest pair; its source first
-        raise _empty_line(source, found[side], side)
+        raise _empty_line(source, found[side], side, (d.src_lang, d.tgt_lang))
 
 
 def encoded_split(
     config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None,
-    cached: Path | None = None,
+    cached: Path | None = None, label: str | None = None, prefix: list[int] | None = None,
 ) -> EncodedCorpus:
     """The encoded, filtered pairs of a split, from RUN/cache/encoded/ when the input files,
     tokenizer model(s) and filter settings are unchanged, else encoded (batched `datasets.map`,
     data.num_proc processes) and cached there. The data filters apply to training; validation
     drops only empty pairs and those longer than the model's positions (EOS or start counted).
     `cached` names a cache another process made of the same split (rank 0 under torchrun, from
-    its copy of the files), read as it is."""
+    its copy of the files), read as it is. `label` names the cache (one per label: train,
+    valid, or train.N for corpus N of several); `prefix` (a tag's id) goes in front of every
+    source, counted by the length filters."""
     datasets = quiet_datasets()
     d, t = config.data, config.tokenizer
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
@@ -266,7 +278,9 @@ def encoded_split(
     filters = Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, d.dedup) if training else Filters(fits, fits)
     settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
-    label = "train" if training else "valid"
+    if prefix:
+        settings["prefix"] = list(prefix)
+    label = label or ("train" if training else "valid")
     root = RunLayout(config.run_path).encoded
     path = cached or root / f"{label}-{_fingerprint(source, src_sp, tgt_sp, settings)}"
     from_cache = (path / "stats.json").is_file()
@@ -280,9 +294,10 @@ def encoded_split(
         build.mkdir(parents=True)
         try:
             raw = read_split(config, value)
-            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", RunLayout(config.run_path).cache)
+            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", RunLayout(config.run_path).cache,
+                              prefix)
             if d.on_empty == "error":
-                _empty_error(encoded, source)
+                _empty_error(encoded, source, (d.src_lang, d.tgt_lang))
             keep, dropped = _keep(encoded, filters.dedup)
             (build / "dataset").mkdir()
             _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, PageRelease(RunLayout(config.run_path).cache))
@@ -301,6 +316,7 @@ def encoded_split(
     corpus.release = PageRelease(path)
     corpus.release()  # reading the length columns mapped pages all over the file
     corpus.decoder_start = config.model.decoder_start_id
+    corpus.prefix = list(prefix or [])
     if training and t.sampling:
         corpus.sampling = Sampling(src_sp, tgt_sp, t.alpha, t.nbest, d.max_src_len, d.max_tgt_len)
     return corpus

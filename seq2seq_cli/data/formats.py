@@ -2,9 +2,9 @@
 checked line by line.
 
 A split is two aligned text files (PREFIX.SRC_LANG and PREFIX.TGT_LANG, one sentence per
-line), one TSV file (source<TAB>target per line, no quoting) or one JSONL file (one object per
-line with a source and a target field, at the top level or under "translation"); any of them
-may be gzip-compressed. Problems are UserErrors naming the file, the line and what was
+line), one TSV file (source<TAB>target per line, no quoting), one JSONL file (one object per
+line with a source and a target field, at the top level or under "translation") or one TMX
+file (`tmx`); any of them may be gzip-compressed. Problems are UserErrors naming the file, the line and what was
 expected: a missing file, invalid UTF-8 (with the byte offset), differing line counts, a TSV
 row without two columns, a JSONL line that is not an object or lacks a field.
 """
@@ -48,6 +48,8 @@ def infer_format(value: str, format: str = "auto") -> str:
         return "tsv"
     if name.endswith((".jsonl", ".json")):
         return "jsonl"
+    if name.endswith(".tmx"):
+        return "tmx"
     return "text"
 
 
@@ -68,6 +70,21 @@ def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto")
             raise UserError(f"{path}: file not found (expected {value}.{src_lang} and {value}.{tgt_lang}, optionally .gz)")
         files.append(path)
     return Source("text", tuple(files))
+
+
+def corpus_sources(config) -> list[Source]:
+    """The files of each training corpus, checked to exist; with a list of corpora a missing
+    one is reported naming the config entry. `config` is a `seq2seq_cli.config.Config`."""
+    d = config.data
+    if not isinstance(d.train, list):
+        return [split_source(d.train, d.src_lang, d.tgt_lang, d.format)]
+    sources = []
+    for i, corpus in enumerate(d.train):
+        try:
+            sources.append(split_source(corpus.path, d.src_lang, d.tgt_lang, d.format))
+        except UserError as exc:
+            raise UserError(f"{config.where('data', 'train', i)}: {exc}") from None
+    return sources
 
 
 def quiet_datasets():
@@ -176,6 +193,10 @@ def read_parallel(
         return _released(datasets.concatenate_datasets([src.rename_column("text", "src"), tgt.rename_column("text", "tgt")],
                                                        axis=1))
     (path,) = source.files
+    if source.format == "tmx":
+        from seq2seq_cli.data.tmx import read_tmx
+
+        return read_tmx(path, src_lang, tgt_lang, cache_dir)
     lines = _load_lines(path, cache_dir)
     if source.format == "tsv":
         parsed = lines.map(_parse_tsv, batched=True, batch_size=READ_BATCH, remove_columns=["text"], num_proc=proc)

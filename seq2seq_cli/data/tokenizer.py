@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -61,19 +62,23 @@ def _sentences(dataset, columns: tuple[str, ...]) -> Iterator[str]:
             release_dataset(dataset)
 
 
-def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, config: Config) -> None:
-    """Train on plain text files, or on the sentences an iterator factory yields."""
+def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, config: Config,
+               symbols: list[str] | None = None) -> None:
+    """Train on plain text files, or on the sentences an iterator factory yields; `symbols`
+    become user-defined pieces (never split)."""
     t = config.tokenizer
+    feed: dict[str, object] = {"input": [str(p) for p in inputs]} if isinstance(inputs, list) else {"sentence_iterator": inputs()}
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else config.data.train
-    feed = {"input": [str(p) for p in inputs]} if isinstance(inputs, list) else {"sentence_iterator": inputs()}
+    source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else ", ".join(c.path for c in config.data.corpora)
+    if symbols:
+        feed["user_defined_symbols"] = symbols
     # Train into a temporary prefix and rename, so an interrupted run never leaves half a model.
     remove_dead_temps(prefix.parent, ".spm-training.")
     with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=f".spm-training.{os.getpid()}.", suffix=".tmp") as tmp:
         tmp_prefix = Path(tmp) / prefix.name
         try:
             spm.SentencePieceTrainer.train(
-                **feed,
+                **feed,  # type: ignore[arg-type]
                 model_prefix=str(tmp_prefix),
                 vocab_size=t.vocab_size,
                 model_type=t.model_type,
@@ -101,33 +106,63 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
 def make_tokenizer(config: Config) -> list[Path]:
     """Train the SentencePiece model(s) into the run directory, or copy the ones tokenizer.src_model/tgt_model
     name; return the model paths. Unguarded: `seq2seq_cli.run.tokenizing.train_tokenizer` holds the lock."""
-    from seq2seq_cli.data.formats import read_split, split_source
+    from seq2seq_cli.data.formats import corpus_sources, read_split
 
     d, t = config.data, config.tokenizer
     run_dir = config.run_path
     src_model, tgt_model = model_paths(run_dir, t.joint)
     if t.src_model is not None:
+        try:
+            given = spm.SentencePieceProcessor(model_file=str(t.src_model))
+        except (RuntimeError, OSError):  # reported by _copy_model
+            given = None
+        for i, corpus in enumerate(d.corpora):  # a tag the supplied model would split is refused before the copy
+            if corpus.tag and given is not None:
+                tag_id(given, corpus.tag, f"{config.where('data', 'train', i, 'tag')} (tokenizer.src_model {t.src_model})")
         _copy_model(Path(t.src_model), src_model, "src_model")
         if not t.joint:
             _copy_model(Path(t.tgt_model or ""), tgt_model, "tgt_model")
         return [src_model] if t.joint else [src_model, tgt_model]
-    source = split_source(d.train, d.src_lang, d.tgt_lang, d.format)
+    sources = corpus_sources(config)
     # Every line is checked (UTF-8, alignment, columns, fields) before anything is trained.
-    dataset = read_split(config, d.train)
-    plain = source.format == "text" and not any(f.suffix == ".gz" for f in source.files)
-    src_file, tgt_file = source.files if plain else (None, None)
+    datasets = [read_split(config, corpus.path) for corpus in d.corpora]
+    (source,) = sources if len(sources) == 1 else (None,)
+    plain = source is not None and source.format == "text" and not any(f.suffix == ".gz" for f in source.files)
+    src_file, tgt_file = source.files if source is not None and plain else (None, None)
 
     def feed(*columns: str) -> list[Path] | Callable[[], Iterator[str]]:
         if src_file is not None and tgt_file is not None:  # plain
             return [{"src": src_file, "tgt": tgt_file}[c] for c in columns]
-        return lambda: _sentences(dataset, columns)
+        return lambda: (s for dataset in datasets for s in _sentences(dataset, columns))
 
+    tags = d.tags  # corpus tags are single source pieces, never split
     if t.joint:
-        _train_one(feed("src", "tgt"), src_model.with_suffix(""), config)
+        _train_one(feed("src", "tgt"), src_model.with_suffix(""), config, tags)
         return [src_model]
-    _train_one(feed("src"), src_model.with_suffix(""), config)
+    _train_one(feed("src"), src_model.with_suffix(""), config, tags)
     _train_one(feed("tgt"), tgt_model.with_suffix(""), config)
     return [src_model, tgt_model]
+
+
+def tag_id(sp: Any, tag: str, where: str) -> int:
+    """The id of `tag`, which must be one piece of the tokenizer `sp` (a SentencePiece
+    processor, or a vocabulary-file tokenizer) -> UserError naming `where` otherwise."""
+    vocab = getattr(sp, "vocab", None)
+    if isinstance(vocab, dict):  # ids from a vocabulary file (an imported Marian model)
+        if tag in vocab:
+            return int(vocab[tag])
+        raise UserError(f"{where}: tag {tag!r} is not in the model's vocabulary, so it would not be one token; "
+                        "use a token the vocabulary has (e.g. >>fra<<)")
+    pieces = sp.encode(tag, out_type=str)
+    if pieces[:1] == ["\u2581"]:  # the word boundary SentencePiece puts in front of the text
+        pieces = pieces[1:]
+    piece_id = sp.piece_to_id(tag)
+    if pieces == [tag] and piece_id != UNK:
+        return int(piece_id)
+    shown = " ".join(pieces)
+    raise UserError(f"{where}: tag {tag!r} is not one piece of the tokenizer (it encodes as {shown}); "
+                    "train the tokenizer with `seq2seq tokenize`, which makes every tag of data.train a "
+                    "user-defined symbol, or give a SentencePiece model trained with --user_defined_symbols")
 
 
 class VocabTokenizer:

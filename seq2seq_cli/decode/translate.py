@@ -14,6 +14,7 @@ search itself stays on the fast path.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
 from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
@@ -79,6 +81,7 @@ class Translator:
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
     _word_start: Tensor | None = field(default=None, repr=False)  # see `word_start`
     ensemble_runs: tuple[Path, ...] = ()  # the run directories of an ensemble's other members
+    tag_ids: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
 
     @classmethod
     def load(
@@ -123,11 +126,20 @@ class Translator:
         """The run directories of the model (every member's, for an ensemble)."""
         return ([] if self.run_dir is None else [self.run_dir]) + list(self.ensemble_runs)
 
+    def with_tag(self, tag: str | None) -> Translator:
+        """This translator putting `tag` (one piece of the source tokenizer, e.g. '<bt>' or
+        '>>fr<<') in front of every source line, as training put a corpus's tag; None: as it is."""
+        if tag is None:
+            return self
+        return dataclasses.replace(self, tag_ids=[tag_id(self.src_sp, tag, f"--tag {tag}")])
+
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
-        """Source ids + EOS, truncated to what the model's positions allow; the indices of the
-        lines cut short are appended to `cut` when given."""
+        """Source ids + EOS (after the tag's id, if any), truncated to what the model's
+        positions allow; the indices of the lines cut short are appended to `cut` when given."""
         limit = max_source_subwords(self.model)
         encoded = self.src_sp.encode(lines)
+        if self.tag_ids:
+            encoded = [self.tag_ids + s if s else s for s in encoded]
         if cut is not None:
             cut.extend(i for i, s in enumerate(encoded) if len(s) > limit)
         return [s[:limit] + [EOS] for s in encoded]
@@ -249,10 +261,11 @@ class Translator:
         if not (self.decode.replace_unk and UNK in tokens and attention is not None):
             return self.tgt_sp.decode(tokens)
         surfaces = [p.surface for p in self.src_sp.encode(src_line, return_type="proto").pieces]
+        skip = len(self.tag_ids)  # the tag is not a piece of the line
         text = []
         for j, tok in enumerate(tokens):
             if tok == UNK:
-                i = int(attention[j, : len(surfaces)].argmax()) if surfaces else 0
+                i = int(attention[j, skip : skip + len(surfaces)].argmax()) if surfaces else 0
                 text.append(surfaces[i] if surfaces else "")
             else:
                 text.append(self.tgt_sp.id_to_piece(tok).replace("\u2581", " "))
@@ -271,7 +284,8 @@ class Translator:
             if opts.scores:
                 line += f"\t{h.score:.4f}"
             if opts.alignment:
-                pairs = [] if attention is None else attention[: len(h.tokens), : len(src_ids) - 1].argmax(dim=1).tolist()
+                skip = len(self.tag_ids)  # source positions are the line's pieces, the tag not counted
+                pairs = [] if attention is None else attention[: len(h.tokens), skip : len(src_ids) - 1].argmax(dim=1).tolist()
                 line += "\t" + " ".join(f"{i}-{j}" for j, i in enumerate(pairs))
             if opts.attention_plots and rank == 0 and attention is not None:
                 plot_attention(

@@ -57,11 +57,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(model: Path, device: str, decode: dict[str, object], host: str, port: int, settings: ServeSettings,
-          api_keys: Path | None = None) -> None:
-    """Serve a run until stopped."""
+          api_keys: Path | None = None, tag: str | None = None) -> None:
+    """Serve a run until stopped; `tag` goes in front of every source line."""
     if api_keys is not None:
         settings.api_keys = read_api_keys(api_keys)
-    translator = Translator.load(model, device, decode)  # a bad run fails here, before the port opens
+    translator = Translator.load(model, device, decode).with_tag(tag)  # a bad run fails here, before the port opens
     sock = listen(host, port)
     app = create_app(translator, settings)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5)

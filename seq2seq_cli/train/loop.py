@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import Config, TrainConfig
 from seq2seq_cli.data.batching import Batch, collate, epoch_batches, token_batches
+from seq2seq_cli.data.corpora import drawn_per_corpus
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.device import resolve_precision
 from seq2seq_cli.errors import UserError
@@ -356,6 +357,19 @@ def next_epoch(run: Run, state: TrainState) -> list[np.ndarray]:
     return epoch_batches(run.data.train, run.config.train.max_tokens, run.config.train.seed, state.epoch)
 
 
+def report_epoch(run: Run, state: TrainState, batches: list[np.ndarray]) -> None:
+    """Of several corpora: the pairs of each in the epoch whose first update starts, in the log
+    and as a metrics record (`train_drawn`) at that update's step, so that a run resumed before
+    it writes it once."""
+    parts = run.data.train.parts
+    if parts is None:
+        return
+    drawn = drawn_per_corpus(parts, np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64))
+    run.log(f"epoch {state.epoch + 1}: " + ", ".join(f"{n} pairs of {p.path}" for n, p in zip(drawn, parts)))
+    if run.metrics is not None:
+        run.metrics.write({"step": state.step + 1, "epoch": state.epoch + 1, "train_drawn": drawn})
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -380,6 +394,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             with stop_on_signals() as stop:
                 while not should_stop(run, state):
                     if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
+                        if state.batch_in_epoch == 0:
+                            report_epoch(run, state, batches)
                         outcome = one_update(run, state, batches)
                         if outcome is Outcome.NONFINITE:
                             report_nonfinite(run, state)

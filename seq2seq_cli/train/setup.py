@@ -34,6 +34,7 @@ from seq2seq_cli.config import (
     save_config,
     validate_config,
 )
+from seq2seq_cli.data.corpora import encode_corpora
 from seq2seq_cli.data.encoding import (
     Drop,
     EncodedCorpus,
@@ -41,7 +42,7 @@ from seq2seq_cli.data.encoding import (
     describe_drops,
     encoded_split,
 )
-from seq2seq_cli.data.formats import read_split, split_source
+from seq2seq_cli.data.formats import corpus_sources, read_split, split_source
 from seq2seq_cli.data.tokenizer import (
     TOKENIZER_SHA256,
     check_fingerprint,
@@ -86,6 +87,8 @@ class TrainData:
         """The first metrics record: pairs kept and dropped."""
         dropped = {f"train_dropped_{k}": v for k, v in self.train.dropped.items()}
         rec: dict[str, Any] = {"step": 0, "train_pairs": len(self.train), **dropped}
+        if self.train.parts is not None:  # several corpora: each one's counts
+            rec["train_corpora"] = [part.record() for part in self.train.parts]
         if self.valid is not None:
             rec.update({"valid_pairs": len(self.valid), "valid_dropped_empty": self.valid.dropped["empty"],
                         "valid_dropped_too_long": self.valid.dropped.get(Drop.TOO_LONG.key, 0)})
@@ -128,23 +131,29 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     the cache; the other processes wait, then read what it wrote: the caches it names, also
     where their own copy of the corpus has another path or time (one copy per machine)."""
     d, run_dir = config.data, config.run_path
-    for split in (d.train, d.valid):  # a missing file is reported before anything else happens
-        if split:
-            split_source(split, d.src_lang, d.tgt_lang, d.format)
+    corpus_sources(config)  # a missing file is reported before anything else happens
+    if d.valid:
+        split_source(d.valid, d.src_lang, d.tgt_lang, d.format)
     caches = None if procs.main else distributed.from_main(procs, None)  # (rank 0 sends them below)
     valid_raw = read_split(config, d.valid) if d.valid else None
     if d.on_empty == "error":
-        check_no_empty_lines(read_split(config, d.train), d.train, d)
+        for corpus in d.corpora:
+            check_no_empty_lines(read_split(config, corpus.path), corpus.path, d)
     # a vocabulary file comes with its run (imported, or copied by --init-from): never trained here
     have_tokenizer = all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint))
     if config.tokenizer.vocabulary == "sentencepiece" and not have_tokenizer:
         log(f"no tokenizer in {run_dir}; training SentencePiece first")
         train_tokenizer(config)
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
-    train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log, cached=caches and caches[0])
-    log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
-    if not len(train_data):
-        raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
+    if isinstance(d.train, list):
+        train_data, train_caches = encode_corpora(config, src_sp, tgt_sp, log, cached=caches and caches[0])
+    else:
+        train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log,
+                                   cached=caches and caches[0][0])
+        train_caches = [train_data.cache_path]
+        log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
+        if not len(train_data):
+            raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
     valid_data = (encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log, cached=caches and caches[1])
                   if d.valid else None)
     if d.valid and valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
@@ -153,7 +162,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
                             "(EOS or start counted); give a validation split of shorter sentences")
         log(describe_skipped(d.valid, valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
     if procs.main:
-        distributed.from_main(procs, (train_data.cache_path, valid_data.cache_path if valid_data else None))
+        distributed.from_main(procs, (train_caches, valid_data.cache_path if valid_data else None))
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
 
 

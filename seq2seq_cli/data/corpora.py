@@ -1,0 +1,154 @@
+"""Several training corpora mixed by weight, and corpus tags.
+
+`data.train` may list corpora, each with a `weight` and an optional `tag`. Each is read,
+encoded and cached on its own (RUN/cache/encoded/train.N-...); training sees one corpus, their
+rows one after the other, with the `Part`s that say where each lies. An epoch holds
+round(weight x pairs kept) pairs of each corpus (rounded half up): every pair floor(weight)
+times, and the remaining fraction drawn without replacement from a stream of permutations of
+the corpus, so that weight 0.5 takes a different half each epoch and every pair once in two
+epochs. The draw is a pure function of (seed, epoch): a resumed run sees the same epochs, and
+under torchrun every process deals out the same batches.
+
+A tag is one piece of the source tokenizer (a SentencePiece user-defined symbol, which
+`seq2seq tokenize` adds for every tag of data.train, or an entry of an imported model's
+vocabulary such as OPUS-MT's `>>fra<<`): its id goes in front of every source of its corpus,
+and `translate --tag` puts it in front of every line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from seq2seq_cli.data.encoding import EncodedCorpus, describe_drops, encoded_split
+from seq2seq_cli.data.tokenizer import tag_id
+from seq2seq_cli.errors import UserError
+
+DRAW_STREAM = 0x5EED  # keeps the draws' generators apart from the batch order's (seed, epoch)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One corpus of several: where its kept pairs lie in the combined corpus, its weight and
+    tag, and what reading it found."""
+
+    path: str
+    weight: float
+    tag: str | None
+    start: int  # its first row in the combined corpus
+    count: int  # pairs kept after the filters
+    dropped: dict[str, int] = field(default_factory=dict)
+    prefix: tuple[int, ...] = ()  # the tag's id, or nothing
+
+    @property
+    def read(self) -> int:
+        """Pairs read from the file(s), kept or dropped."""
+        return self.count + sum(self.dropped.values())
+
+    @property
+    def per_epoch(self) -> int:
+        """round(weight x pairs kept), half up."""
+        return int(math.floor(self.weight * self.count + 0.5))
+
+    def record(self) -> dict[str, Any]:
+        """This corpus's counts for metrics.jsonl."""
+        return {"path": self.path, "weight": self.weight, "tag": self.tag, "read": self.read, "kept": self.count,
+                **{f"dropped_{k}": v for k, v in self.dropped.items()}, "drawn_per_epoch": self.per_epoch}
+
+
+def _permutation(n: int, seed: int, corpus: int, cycle: int) -> np.ndarray:
+    return np.random.default_rng([seed, DRAW_STREAM, corpus, cycle]).permutation(n)
+
+
+def draw(part: Part, number: int, seed: int, epoch: int) -> np.ndarray:
+    """The local indices of corpus `number` (0-based) in epoch `epoch`: every pair
+    floor(weight) times, then the fraction's share, positions [epoch * r, (epoch + 1) * r) of
+    the stream of permutations P_0 P_1 ... of the corpus (a pair repeated where two
+    permutations meet is taken from the next one instead)."""
+    n = part.count
+    full, rest = divmod(part.per_epoch, n) if n else (0, 0)
+    chunks = [np.arange(n, dtype=np.int64)] * full
+    if rest:
+        cycle, offset = divmod(epoch * rest, n)
+        tail = _permutation(n, seed, number, cycle)[offset : offset + rest]
+        if len(tail) < rest:
+            head = _permutation(n, seed, number, cycle + 1)
+            head = head[~np.isin(head, tail)][: rest - len(tail)]
+            tail = np.concatenate([tail, head])
+        chunks.append(tail.astype(np.int64))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+
+
+def epoch_rows(parts: list[Part], seed: int, epoch: int) -> np.ndarray:
+    """The rows of the combined corpus that make up epoch `epoch`, corpus by corpus (the
+    batches shuffle them); a row drawn twice appears twice."""
+    return np.concatenate([p.start + draw(p, k, seed, epoch) for k, p in enumerate(parts)])
+
+
+def drawn_per_corpus(parts: list[Part], rows: np.ndarray) -> list[int]:
+    """How many of `rows` (an epoch's, or a batch's) belong to each corpus."""
+    starts = np.array([p.start for p in parts])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    return np.bincount(which, minlength=len(parts)).tolist()
+
+
+def row_prefixes(corpus: EncodedCorpus, index: np.ndarray) -> list[list[int]]:
+    """The tag ids in front of the sources of rows `index`."""
+    if corpus.parts is None:
+        return [list(corpus.prefix)] * len(index)
+    starts = np.array([p.start for p in corpus.parts])
+    which = np.searchsorted(starts, index, side="right") - 1
+    return [list(corpus.parts[w].prefix) for w in which]
+
+
+def combine(corpora: list[EncodedCorpus], parts: list[Part]) -> EncodedCorpus:
+    """One corpus of the rows of `corpora`, one after the other (their Arrow tables
+    concatenated without copying), with `parts` saying where each lies."""
+    tables = [c.table.replace_schema_metadata(None) for c in corpora]
+    releases = [c.release for c in corpora if c.release is not None]
+
+    def release() -> None:
+        for r in releases:
+            r()
+
+    first = corpora[0]
+    return EncodedCorpus(
+        pa.concat_tables(tables), np.concatenate([c.src_lens for c in corpora]),
+        np.concatenate([c.tgt_lens for c in corpora]),
+        {k: sum(c.dropped.get(k, 0) for c in corpora) for k in first.dropped},
+        sampling=first.sampling, from_cache=all(c.from_cache for c in corpora), release=release,
+        decoder_start=first.decoder_start, parts=parts,
+    )
+
+
+def encode_corpora(
+    config, src_sp, tgt_sp, log: Callable[[str], None], cached: list[Path | None] | None = None,
+) -> tuple[EncodedCorpus, list[Path | None]]:
+    """The training corpora of a list `data.train`, each encoded (and cached) on its own with
+    its tag, combined into one corpus with its `Part`s; each is logged with its counts.
+    `cached`: the caches another process made of each corpus (rank 0 under torchrun), read as
+    they are. -> the combined corpus, and the cache of each corpus."""
+    d = config.data
+    corpora, parts, start, paths = [], [], 0, []
+    for i, entry in enumerate(d.corpora):
+        prefix = [tag_id(src_sp, entry.tag, config.where("data", "train", i, "tag"))] if entry.tag else []
+        corpus = encoded_split(config, entry.path, src_sp, tgt_sp, training=True, log=log, label=f"train.{i}",
+                               prefix=prefix, cached=cached[i] if cached else None)
+        paths.append(corpus.cache_path)
+        if not len(corpus):
+            raise UserError(f"{config.where('data', 'train', i)}: {entry.path}: no training pairs left after "
+                            f"filtering ({describe_drops(corpus, config)})")
+        part = Part(entry.path, entry.weight, entry.tag, start, len(corpus), dict(corpus.dropped), tuple(prefix))
+        tagged = f", tag {entry.tag}" if entry.tag else ""
+        log(f"train: corpus {i} {entry.path}: {part.read} pairs read, {part.count} kept "
+            f"({describe_drops(corpus, config)}); weight {entry.weight:g}{tagged}: {part.per_epoch} pairs per epoch")
+        corpora.append(corpus)
+        parts.append(part)
+        start += len(corpus)
+    return combine(corpora, parts), paths
