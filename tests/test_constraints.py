@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, random_sources, tiny_model
+from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import DecodeConfig, load_config
+from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.constraints import constrained_beam_search, constrained_limits
 from seq2seq_cli.decode.search import beam_search, max_lengths
-from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 
@@ -25,15 +24,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A tiny model trained for a few dozen steps on the shipped validation split."""
-    tmp = tmp_path_factory.mktemp("constraints")
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / "run")
-    for split in ("train", "valid"):
-        raw["data"][split] = str(SHIPPED / "valid")
-    raw["train"]["max_steps"] = 40
-    path = tmp / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return train(load_config(path), progress=False, log=lambda _: None)
+    return train_shipped_tiny(tmp_path_factory.mktemp("constraints"))
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
+from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
-from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 
@@ -26,13 +24,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A tiny run trained for 4 updates, with step checkpoints at 2 and 4."""
-    tmp = tmp_path_factory.mktemp("decode")
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / "run")
-    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
-    raw["train"].update(max_steps=4, valid_every=2, keep_last=2)
-    (tmp / "tiny.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return train(load_config(tmp / "tiny.yaml"), progress=False, log=lambda _: None)
+    return train_shipped_tiny(tmp_path_factory.mktemp("decode"), max_steps=4, valid_every=2, keep_last=2)
 
 
 @pytest.fixture(scope="module")

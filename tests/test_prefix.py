@@ -6,15 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
+from conftest import SHIPPED
+from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.ids import EOS
-from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
 
@@ -24,15 +22,7 @@ PREFIXES = ["The", "", "I would like", "Es", "", "yes, the house of my friend is
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A tiny model trained for a few dozen steps on the shipped validation split."""
-    tmp = tmp_path_factory.mktemp("prefix")
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / "run")
-    for split in ("train", "valid"):
-        raw["data"][split] = str(SHIPPED / "valid")
-    raw["train"]["max_steps"] = 40
-    path = tmp / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return train(load_config(path), progress=False, log=lambda _: None)
+    return train_shipped_tiny(tmp_path_factory.mktemp("prefix"))
 
 
 @pytest.fixture(scope="module")
