@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.search import NEG_INF, Hypothesis, _decoder_state, length_penalty, max_lengths, step_log_probs
+from seq2seq_cli.decode.search import NEG_INF, Hypothesis, length_penalty, max_lengths, start_state, step_log_probs
 from seq2seq_cli.ids import EOS
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
@@ -112,9 +112,8 @@ def constrained_beam_search(
     phrase_tokens, phrase_lengths = _pack(constraints, device)  # (B, C, L), (B, C)
     totals = phrase_lengths.sum(dim=1)  # (B,) constraint tokens of each sentence
     banks = int(totals.max()) + 1
-    memory, src_mask, _ = model.encode(src)
     limits = constrained_limits(src, model, opts, totals)  # (B,)
-    state = _decoder_state(model, memory, src_mask, B * K, limits)
+    state = start_state(model, src, B * K, limits)
     active = torch.arange(B, device=device)
     scores = torch.zeros((B, 1), device=device)  # (b, k)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
