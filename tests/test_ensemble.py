@@ -6,29 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
+from conftest import SHIPPED
+from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
 from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.ids import EOS
-from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
-
-
-def tiny_run(tmp: Path, name: str, **train_settings: object) -> Path:
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / name)
-    for split in ("train", "valid"):
-        raw["data"][split] = str(SHIPPED / "valid")
-    raw["train"].update(train_settings)
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return train(load_config(path), progress=False, log=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +24,8 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     updates, so that their outputs are long and differ from sentence to sentence (nonsense,
     but not empty)."""
     tmp = tmp_path_factory.mktemp("ensemble")
-    return tiny_run(tmp, "a", max_steps=3, valid_every=3, seed=1), tiny_run(tmp, "b", max_steps=2, valid_every=2, seed=2)
+    return (train_shipped_tiny(tmp, "a", max_steps=3, valid_every=3, seed=1),
+            train_shipped_tiny(tmp, "b", max_steps=2, valid_every=2, seed=2))
 
 
 @pytest.fixture(scope="module")
