@@ -81,6 +81,7 @@ TagOpt = Annotated[str | None, typer.Option(
 # A flag not given (None) leaves the run's own decode.* setting.
 DECODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "beam_size": (("--beam-size", "-b"), "Beam size; 1 = greedy. Default: the run's decode.beam_size."),
+    "constraint_beam_size": (("--constraint-beam-size",), "Beam of the lines with --constraints or glossary terms (dynamic beam allocation shares it among banks). Default: 1.5 times the beam size, rounded up."),
     "length_penalty": (("--length-penalty",), "Alpha of the length penalty. Default: decode.length_penalty."),
     "length_penalty_type": (("--length-penalty-type",), "average: log P / len**alpha (fairseq, HF, CTranslate2); gnmt: log P / ((5+len)/6)**alpha (OpenNMT, JoeyNMT)."),
     "max_len_a": (("--max-len-a",), "Output limit a*source_len+b: the a. Default: decode.max_len_a."),

@@ -285,6 +285,9 @@ class TrainConfig(Section):
 
 class DecodeConfig(Section):
     beam_size: int = Field(5, ge=1, description="1 = greedy search (at most the target vocabulary size)")
+    constraint_beam_size: int | None = Field(
+        None, ge=1, description="beam of lines with constraints (shared among their banks); null = 1.5 x beam_size, rounded up"
+    )
     length_penalty: float = Field(1.0, ge=-10.0, le=10.0, allow_inf_nan=False, description="alpha of the length penalty")
     length_penalty_type: Literal["average", "gnmt"] = Field(
         "average", description="average: score / len**alpha; gnmt: score / ((5 + len) / 6)**alpha"

@@ -11,12 +11,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import seq2seq_cli.decode.constraints as constraints_module
 from conftest import REPO, SHIPPED, random_sources, tiny_model
 from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.constraints import constrained_beam_search, constrained_limits
-from seq2seq_cli.decode.search import beam_search, max_lengths
+from seq2seq_cli.decode.search import beam_search, length_penalty, max_lengths
+from seq2seq_cli.ids import BOS, EOS
 
 runner = CliRunner()
 
@@ -76,8 +78,10 @@ CONSTRAINTS = [[[5, 6]], [], [[7], [8, 9, 10]], [[11]], [[12, 13, 14, 15, 16, 17
 
 @pytest.mark.parametrize("beam", [1, 3, 5])
 def test_every_hypothesis_holds_every_phrase_and_empty_lists_change_nothing(beam):
+    """With the constrained beam as wide as the ordinary one, a sentence without phrases is
+    decoded exactly as by beam search (translate sends such lines to beam search anyway)."""
     model, src = _sharpened(1), random_sources(n=6)
-    opts = DecodeConfig(beam_size=beam, max_len_a=1.5, max_len_b=4)
+    opts = DecodeConfig(beam_size=beam, constraint_beam_size=beam, max_len_a=1.5, max_len_b=4)
     held = constrained_beam_search(model, src, opts, CONSTRAINTS, nbest=beam)
     plain = beam_search(model, src, opts, nbest=beam)
     for phrases, hyps, free in zip(CONSTRAINTS, held, plain):
@@ -87,6 +91,55 @@ def test_every_hypothesis_holds_every_phrase_and_empty_lists_change_nothing(beam
         if not phrases:
             assert [h.tokens for h in hyps] == [h.tokens for h in free]
             assert [h.score for h in hyps] == pytest.approx([h.score for h in free], abs=1e-5)
+
+
+def _token_log_probs(model, src_row: torch.Tensor, tokens: list[int]) -> list[float]:
+    """Log-probability of each of tokens + EOS under the model (full forward, no cache)."""
+    lprobs = torch.log_softmax(model(src_row[None], torch.tensor([[BOS] + tokens]))[0], dim=-1)
+    target = tokens + [EOS]
+    return lprobs[torch.arange(len(target)), torch.tensor(target)].tolist()
+
+
+@pytest.mark.parametrize("penalty", [("average", 1.0), ("gnmt", 0.6)])
+def test_a_finished_hypothesis_is_scored_with_its_constraint_tokens_outside_the_length_penalty(penalty):
+    """score = (log P - forced) / lp(length - forced tokens) + forced, where forced is the
+    log-probability of the tokens that met a phrase: a forced token's cost is not divided by
+    the length, so adding tokens after it does not dilute it."""
+    kind, alpha = penalty
+    model, src = _sharpened(4), random_sources(n=4)
+    phrases = [[[5], [9]], [[7]], [[11], [12]], [[6]]]
+    opts = DecodeConfig(beam_size=3, max_len_a=1.5, max_len_b=4, length_penalty=alpha, length_penalty_type=kind)
+    checked = 0
+    for row, ps, hyps in zip(src, phrases, constrained_beam_search(model, src, opts, phrases, nbest=3)):
+        for h in hyps:
+            lps = _token_log_probs(model, row, h.tokens)
+            forced_at = [h.tokens.index(p[0]) for p in ps]  # a one-token phrase is met where it first appears
+            forced = sum(lps[i] for i in forced_at)
+            assert h.log_prob == pytest.approx(sum(lps), abs=1e-4)
+            free = length_penalty(len(h.tokens) + 1 - len(ps), alpha, kind)
+            assert h.score == pytest.approx((sum(lps) - forced) / free + forced, abs=1e-4)
+            whole = sum(lps) / length_penalty(len(h.tokens) + 1, alpha, kind)
+            checked += h.score != pytest.approx(whole, abs=1e-3)
+    assert checked  # the two scores differ on these hypotheses
+
+
+def test_constrained_lines_search_one_and_a_half_times_the_beam_unless_told(monkeypatch):
+    rows: list[int] = []
+    step = constraints_module.step_log_probs
+
+    def spy(model, last, *args, **kwargs):
+        rows.append(last.size(0))
+        return step(model, last, *args, **kwargs)
+
+    monkeypatch.setattr(constraints_module, "step_log_probs", spy)
+    model, src = _sharpened(1), random_sources(n=3)
+    phrases = [[[5, 6]], [[7]], [[8]]]
+    for options, width in (({"beam_size": 3}, 5), ({"beam_size": 4}, 6), ({"beam_size": 3, "constraint_beam_size": 4}, 4),
+                           ({"beam_size": 1}, 2)):
+        rows.clear()
+        hyps = constrained_beam_search(model, src, DecodeConfig(max_len_a=1.5, max_len_b=4, **options), phrases)
+        assert max(rows) == 3 * width
+        assert all(len(h) == 1 for h in hyps)
 
 
 def test_with_word_starts_a_phrase_ends_a_word():

@@ -407,6 +407,8 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
                                  ["'--length-penalty'", "greater than or equal to -10"], 2),
     "flag-beam-over-vocabulary": (lambda ws: ["translate", "-m", ws / "run", "--beam-size", "400"],
                                   ["--beam-size 400: larger than the target vocabulary (300 tokens)"], 1),
+    "flag-constraint-beam-over-vocabulary": (lambda ws: ["translate", "-m", ws / "run", "--constraint-beam-size", "400"],
+                                             ["--constraint-beam-size 400: larger than the target vocabulary (300 tokens)"], 1),
     "evaluate-hyp-output": (lambda ws: ["evaluate", "--hyp", ws / "hyp.txt", "--ref", ws / "ref.txt", "-o", ws / "x.txt"],
                             ["-o", "x.txt: --output writes the translations of --src; with --hyp", "nothing to translate"], 1),
     "attention-plots-file": (lambda ws: ["translate", "-m", ws / "run", "--attention-plots", ws / "in.txt"],

@@ -13,6 +13,12 @@ have met, and the K beam slots are shared among banks round robin: the best cand
 each bank (highest bank first), then the second best of each, and so on, so a bank without
 candidates leaves its slots to the others. EOS is allowed only once every phrase is met.
 
+The banks share the beam, so constrained lines search with a wider one (`constraint_beam`:
+1.5 times `beam_size`, rounded up, unless `constraint_beam_size` says otherwise), and a sentence ends, as in
+ordinary beam search, once `beam_size` hypotheses have finished. A finished hypothesis is
+scored with the length penalty over its unforced tokens and its constraint tokens' log-
+probability added whole (`constrained_score`).
+
 With `word_start`, a phrase is met only as whole words: after its last token, the next one
 begins a new word (or is punctuation, or EOS). Phrases are unordered and do not overlap: a
 phrase in progress either continues with its next token or is abandoned (its tokens stop
@@ -24,13 +30,15 @@ remaining phrases within the limit any more is held to constraint tokens, so eve
 sentence ends with all its phrases (n-best included).
 
 Shape legend (as in search.py)
-    B   sentences still being decoded      K   beam size          V   vocabulary size
+    B   sentences still being decoded      K   the constrained beam   V   vocabulary size
     k   rows per sentence this step         N   decoder rows (b*k)
     C   phrases per sentence (padded)       L   tokens per phrase (padded)
     M   candidates per sentence
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -49,6 +57,23 @@ def constrained_limits(src: Tensor, model: Seq2SeqTransformer, opts: DecodeConfi
     return torch.maximum(max_lengths(src, model, opts.max_len_a, opts.max_len_b), totals)
 
 
+def constraint_beam(opts: DecodeConfig, vocab: int) -> int:
+    """The beam of constrained lines: `constraint_beam_size`, else 1.5 times `beam_size`,
+    rounded up (the beam is shared among banks, one per constraint token met), at most the
+    vocabulary."""
+    return min(opts.constraint_beam_size or math.ceil(1.5 * opts.beam_size), vocab)
+
+
+def constrained_score(log_prob: float, forced: float, length: int, n_forced: int, opts: DecodeConfig) -> float:
+    """The score of a finished constrained hypothesis of `length` tokens (EOS counted) whose
+    `n_forced` constraint tokens have log-probability `forced` in all: the length penalty
+    normalises the other tokens only, and the constraint tokens' cost is added whole. Divided
+    by the whole length, a badly placed constraint token's cost would shrink with every token
+    added after it, and outputs would grow to dilute it."""
+    lp = length_penalty(max(1, length - n_forced), opts.length_penalty, opts.length_penalty_type)
+    return (log_prob - forced) / lp + forced
+
+
 def _pack(constraints: list[Phrases], device: torch.device) -> tuple[Tensor, Tensor]:
     """Phrases of B sentences -> tokens (B, C, L) padded with -1 and lengths (B, C), 0 for padding."""
     B = len(constraints)
@@ -65,12 +90,13 @@ def _pack(constraints: list[Phrases], device: torch.device) -> tuple[Tensor, Ten
 
 def _advance(
     tokens: Tensor, lengths: Tensor, met: Tensor, cur: Tensor, pos: Tensor, tok: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The constraint state after one token, for M candidates at once.
 
     tokens (M, C, L), lengths (M, C): the phrases of each candidate's sentence; met (M, C)
     phrases met, cur (M,) the phrase in progress (-1: none), pos (M,) its tokens so far; tok
-    (M,) the token taken -> new (met, cur, pos) and whether the token completed a phrase (M,)."""
+    (M,) the token taken -> new (met, cur, pos), whether the token completed a phrase (M,) and
+    whether it was a constraint token (it continued or started a phrase) (M,)."""
     M = tok.size(0)
     rows = torch.arange(M, device=tok.device)
     in_progress = cur >= 0
@@ -89,7 +115,7 @@ def _advance(
     met[rows[complete], new_cur[complete]] = True
     new_cur = torch.where(complete, torch.full_like(new_cur, -1), new_cur)
     new_pos = torch.where(complete, torch.zeros_like(new_pos), new_pos)
-    return met, new_cur, new_pos, complete
+    return met, new_cur, new_pos, complete, continues | started
 
 
 @torch.inference_mode()
@@ -99,13 +125,14 @@ def constrained_beam_search(
 ) -> list[list[Hypothesis]]:
     """src: (B, S), `constraints`: the phrases (target ids) of each sentence -> for each
     sentence its `nbest` hypotheses, best first, each holding every phrase of its sentence.
-    Beam size 1 is a beam of one (not greedy search): it takes each phrase as soon as it is
-    the best candidate of the highest bank. With `word_start` (V,) (the tokens that begin a
+    With beam size 1 (and no `constraint_beam_size`) it is a beam of two that stops at the
+    first finished hypothesis, not greedy search. With `word_start` (V,) (the tokens that begin a
     word, or hold no letter: SentencePiece's "▁" pieces and punctuation, EOS), a phrase is
     met as whole words: the token after its last one must be one of those."""
-    K = opts.beam_size
-    if not 1 <= nbest <= K:
-        raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
+    stop = opts.beam_size  # finished hypotheses that end a sentence, as in ordinary beam search
+    K = constraint_beam(opts, model.tgt_embed.tokens.num_embeddings)
+    if not 1 <= nbest <= stop:
+        raise ValueError(f"nbest must be between 1 and beam_size ({stop}), got {nbest}")
     if len(constraints) != src.size(0):
         raise ValueError(f"{len(constraints)} constraint lists for {src.size(0)} sentences")
     B, device = src.size(0), src.device
@@ -121,6 +148,8 @@ def constrained_beam_search(
     cur = torch.full((B,), -1, dtype=torch.long, device=device)  # (b*k,)
     pos = torch.zeros(B, dtype=torch.long, device=device)  # (b*k,)
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # (b*k,) the last token completed a phrase
+    forced_lp = torch.zeros(B, device=device)
+    forced_n = torch.zeros(B, dtype=torch.long, device=device)
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
@@ -156,30 +185,38 @@ def constrained_beam_search(
         # only constraint tokens.
         held = unmet & (step + 1 + totals[sent] - full > row_limits)
         if held.any():
-            keep = torch.full_like(lprobs, NEG_INF)
             hr, hc = (held[:, None] & allowed).nonzero().unbind(1)
-            keep[hr, next_tok[hr, hc]] = lprobs[hr, next_tok[hr, hc]]
-            lprobs = torch.where(held[:, None], keep, lprobs)
-        cand = lprobs.view(b, k, V) + scores[:, :, None]  # (b, k, V)
-        flat = cand.view(b, k * V)
-        # Candidates: the top 2K of the beam, the constraint tokens, each row's best token.
-        top_idx = flat.topk(min(2 * K, k * V), dim=1).indices  # (b, 2K)
+            kept = lprobs[hr, next_tok[hr, hc]]
+            lprobs[held] = NEG_INF
+            lprobs[hr, next_tok[hr, hc]] = kept
+        # Candidates: the top 2K of the beam, the constraint tokens, each row's best token. The
+        # top 2K of the beam lie among the rows' own top 2K: two small top-k instead of one over
+        # k * V, and the rows' best tokens come with them.
+        # (Unsorted: the candidates are sorted by index below.)
+        R = min(2 * K, V)
+        row_val, row_tok = lprobs.topk(R, dim=1, sorted=False)  # (N, R)
+        beam_row = (row_val + scores.view(-1, 1)).view(b, k * R)
+        top_pos = beam_row.topk(min(2 * K, k * R), dim=1, sorted=False).indices  # (b, 2K) positions in (k, R)
+        top_idx = (top_pos // R) * V + row_tok.view(b, k * R).gather(1, top_pos)
         beam_of_row = torch.arange(k, device=device).repeat(b)  # (N,)
         cons_idx = (beam_of_row[:, None] * V + next_tok.clamp(min=0)).masked_fill(~allowed, -1).view(b, -1)  # (b, k*C)
-        best_idx = (beam_of_row * V + lprobs.argmax(dim=1)).view(b, k)  # (b, k)
+        best_idx = (beam_of_row * V + row_tok.gather(1, row_val.argmax(dim=1, keepdim=True)).squeeze(1)).view(b, k)  # (b, k)
         idx = torch.cat([top_idx, cons_idx, best_idx], dim=1)  # (b, M)
         idx, _ = idx.sort(dim=1)
         dup = torch.zeros_like(idx, dtype=torch.bool)
         dup[:, 1:] = idx[:, 1:] == idx[:, :-1]
         invalid = dup | (idx < 0)
         idx = idx.clamp(min=0)
-        cand_scores = flat.gather(1, idx).masked_fill(invalid, NEG_INF)  # (b, M)
+        cand_lp = lprobs.view(b, k * V).gather(1, idx).masked_fill(invalid, NEG_INF)  # (b, M) the token's own
+        cand_scores = cand_lp + scores.gather(1, idx // V)
         M = idx.size(1)
         cand_beam, cand_tok = idx // V, idx % V
         parent = (torch.arange(b, device=device)[:, None] * k + cand_beam).view(-1)  # (b*M,)
         tok = cand_tok.view(-1)
-        new_met, new_cur, new_pos, new_ended = _advance(
+        new_met, new_cur, new_pos, new_ended, advanced = _advance(
             row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
+        cand_flp = forced_lp[parent] + cand_lp.view(-1).masked_fill(~advanced, 0.0)
+        cand_fn = forced_n[parent] + advanced.long()
         bank = ((new_met.long() * row_lengths[parent]).sum(dim=1) + new_pos).view(b, M)  # (b, M)
         # Round robin over banks: rank within the bank first, then the higher bank.
         alive = cand_scores.isfinite()
@@ -197,13 +234,14 @@ def constrained_beam_search(
         top = min(K, M)
         ended = is_eos[:, :top] & chosen_scores[:, :top].isfinite()  # (b, K)
         if ended.any():
-            lp = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
             i, j = ended.nonzero().unbind(1)
             sentences = active[i]
             n_finished.index_add_(0, sentences, torch.ones_like(sentences))
             ended_rows = i * k + cand_beam[i, chosen[i, j]]
-            for s, raw, toks in zip(sentences.tolist(), chosen_scores[i, j].tolist(), history[ended_rows].tolist()):
-                finished[s].append(Hypothesis(toks, raw / lp, raw))
+            c = i * M + chosen[i, j]
+            for s, raw, toks, forced, n_forced in zip(sentences.tolist(), chosen_scores[i, j].tolist(),
+                                                      history[ended_rows].tolist(), cand_flp[c].tolist(), cand_fn[c].tolist()):
+                finished[s].append(Hypothesis(toks, constrained_score(raw, forced, step + 1, n_forced, opts), raw))
         # The K best (in bank order) that do not end here continue (M >= K: the top 2K alone give K).
         go = chosen_scores.masked_fill(is_eos, NEG_INF)
         cont_key = (~go.isfinite()).long().argsort(dim=1, stable=True)[:, :K]  # (b, K) positions in `chosen`
@@ -214,10 +252,11 @@ def constrained_beam_search(
         new_tok = tok[flat_pick]
         history = torch.cat([history.index_select(0, rows_next), new_tok[:, None]], dim=1)
         met, cur, pos, ended = new_met[flat_pick], new_cur[flat_pick], new_pos[flat_pick], new_ended[flat_pick]
+        forced_lp, forced_n = cand_flp[flat_pick], cand_fn[flat_pick]
         state.reorder(rows_next)
         state.group = K
         scores, last = cont_scores, new_tok[:, None]
-        done = (n_finished[active] >= K) | (step >= limits[active]) | ~cont_scores.isfinite().any(dim=1)
+        done = (n_finished[active] >= stop) | (step >= limits[active]) | ~cont_scores.isfinite().any(dim=1)
         if done.any():
             keep_s = (~done).nonzero().squeeze(1)
             keep_rows = (keep_s[:, None] * K + torch.arange(K, device=device)).view(-1)
@@ -225,6 +264,7 @@ def constrained_beam_search(
             history, last = history.index_select(0, keep_rows), last.index_select(0, keep_rows)
             met, cur, pos = met.index_select(0, keep_rows), cur.index_select(0, keep_rows), pos.index_select(0, keep_rows)
             ended = ended.index_select(0, keep_rows)
+            forced_lp, forced_n = forced_lp.index_select(0, keep_rows), forced_n.index_select(0, keep_rows)
             scores, active = scores.index_select(0, keep_s), active.index_select(0, keep_s)
         step += 1
     return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]

@@ -105,6 +105,9 @@ class Translator:
         if not decode.sampling and decode.beam_size > vocab:
             where = "--beam-size" if "beam_size" in (overrides or {}) else "decode.beam_size (the run's config)"
             raise UserError(f"{where} {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
+        if (decode.constraint_beam_size or 0) > vocab:
+            where = "--constraint-beam-size" if "constraint_beam_size" in (overrides or {}) else "decode.constraint_beam_size"
+            raise UserError(f"{where} {decode.constraint_beam_size}: larger than the target vocabulary ({vocab} tokens)")
         runs = [run]
         for path in paths[1:]:
             runs.append(load_run(path, dev))
