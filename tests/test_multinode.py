@@ -5,16 +5,19 @@ directory that is not shared by every node is refused before anything is trained
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import REPO
 from helpers import make_config, quiet, weights
+from test_corpora import corpora_config
 
 STEPS = 6
 
@@ -51,16 +54,23 @@ def two_nodes(cfgs: tuple[Path, Path], *args: str) -> list[subprocess.CompletedP
     return done
 
 
-def test_two_nodes_end_with_the_weights_of_one_process_accumulating_their_batches(tmp_path):
+@pytest.mark.parametrize("data", ["one corpus", "weighted corpora"])
+def test_two_nodes_end_with_the_weights_of_one_process_accumulating_their_batches(tmp_path, data):
+    """With one corpus, and with three weighted corpora (weights 2, 0.5 and 1, two of them
+    tagged) whose epochs are drawn from (seed, epoch)."""
     common = dict(max_steps=STEPS, log_every=1, valid_every=STEPS, clip_norm=1.0)
-    single = quiet(make_config(tmp_path, "single", update_freq=2, **common), False, "model.dropout=0.0")
+    config = make_config if data == "one corpus" else corpora_config
+    single = quiet(config(tmp_path, "single", update_freq=2, **common), False, "model.dropout=0.0")
 
-    cfg = make_config(tmp_path, "nodes", update_freq=1, **common)
+    cfg = config(tmp_path, "nodes", update_freq=1, **common)
     agents = two_nodes((cfg, cfg))
     for agent in agents:
         assert agent.returncode == 0, agent.stderr[-3000:]
     assert any("2 processes (cpu)" in a.stderr for a in agents)
 
+    if data == "weighted corpora":
+        record = json.loads((tmp_path / "nodes" / "metrics.jsonl").read_text().splitlines()[0])
+        assert [c["weight"] for c in record["train_corpora"]] == [2, 0.5, 1]
     one, two = weights(single), weights(tmp_path / "nodes")
     assert one.keys() == two.keys()
     for name in one:
