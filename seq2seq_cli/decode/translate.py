@@ -192,8 +192,13 @@ class Translator:
                 out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
-        lens = np.array([len(ids[i]) for i in todo], dtype=np.int64)
-        batches = [[todo[j] for j in batch] for batch in token_batches(lens, lens, d.batch_tokens)]
+        # Lines with constraints and lines without are batched apart: a batch then runs one
+        # search, not both, each with its own steps.
+        groups = [todo] if not constraints else [[i for i in todo if constraints[i]], [i for i in todo if not constraints[i]]]
+        batches = []
+        for group in groups:
+            lens = np.array([len(ids[i]) for i in group], dtype=np.int64)
+            batches += [[group[j] for j in batch] for batch in token_batches(lens, lens, d.batch_tokens)]
 
         def decode(batch: list[int]) -> None:
             held = [i for i in batch if constraints and constraints[i]]
