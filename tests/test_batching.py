@@ -54,3 +54,52 @@ def test_collate_gathers_rows_across_arrow_chunks_in_order():
     expected = [pad_batch([src[i] for i in index], [], [EOS]), pad_batch([tgt[i] for i in index], [BOS], [])]
     got = collate(chunked, index)
     assert got.src.tolist() == expected[0].tolist() and got.tgt_in.tolist() == expected[1].tolist()
+
+
+def reference_token_batches(src_lens, tgt_lens, max_tokens, rng=None):
+    """The batches as first written: one step of a Python loop per pair."""
+    n = len(src_lens)
+    tie = rng.permutation(n) if rng is not None else np.arange(n)
+    order = np.lexsort((tie, tgt_lens, src_lens))
+    longest = np.maximum(src_lens, tgt_lens)[order]
+    batches = []
+    start, cur_max = 0, 0
+    for i in range(n):
+        new_max = max(cur_max, int(longest[i]))
+        if i > start and new_max * (i - start + 1) > max_tokens:
+            batches.append(order[start:i])
+            start, new_max = i, int(longest[i])
+        cur_max = new_max
+    if n:
+        batches.append(order[start:])
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def test_token_batches_equal_the_loop_over_pairs_and_keep_the_random_stream():
+    gen = np.random.default_rng(2024)
+    cases = 0
+    for n in (0, 1, 2, 3, 17, 250, 1500):
+        for high in (1, 3, 40, 700):  # lengths 0 .. high-1: empty pairs, many ties, pairs over the budget
+            src, tgt = gen.integers(0, high, n), gen.integers(0, high, n)
+            for dtype in (np.int32, np.int64):
+                for max_tokens in (1, 5, 64, 300, 2048):
+                    for seed in (None, 0, 99):
+                        mine = np.random.default_rng(seed) if seed is not None else None
+                        theirs = np.random.default_rng(seed) if seed is not None else None
+                        got = token_batches(src.astype(dtype), tgt.astype(dtype), max_tokens, mine)
+                        want = reference_token_batches(src.astype(dtype), tgt.astype(dtype), max_tokens, theirs)
+                        assert len(got) == len(want)
+                        assert [b.tolist() for b in got] == [b.tolist() for b in want], (n, high, max_tokens, seed)
+                        if seed is not None:  # the generator is left where the first version left it
+                            assert mine.integers(0, 2**62) == theirs.integers(0, 2**62)
+                        cases += 1
+    assert cases == 7 * 4 * 2 * 5 * 3
+
+
+def test_token_batches_of_empty_pairs_only_go_past_the_first_window():
+    zeros = np.zeros(5000, dtype=np.int32)
+    assert [len(b) for b in token_batches(zeros, zeros, 10)] == [5000]
+    lens = np.r_[np.zeros(3000, dtype=np.int32), np.full(10, 4, dtype=np.int32)]
+    assert [b.tolist() for b in token_batches(lens, lens, 8)] == [b.tolist() for b in reference_token_batches(lens, lens, 8)]

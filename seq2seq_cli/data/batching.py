@@ -23,6 +23,33 @@ if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
     from seq2seq_cli.data.encoding import EncodedCorpus
 
 
+def batch_bounds(longest: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Where each batch starts among the sorted pairs (`longest`: each pair's longer side, in
+    that order), and len(longest) at the end. Greedily, the batch starting at s holds the
+    largest k >= 1 pairs with max(longest[s:s+k]) * k <= max_tokens. That product never
+    decreases with k, so each batch's size is one search over a window of the next pairs: at
+    most max_tokens // longest[s] + 1 of them (a window that all fits, which only pairs of
+    length 0 make possible, is doubled)."""
+    n = len(longest)
+    bounds = [0]
+    counts = np.arange(1, 1, dtype=np.int64)
+    s = 0
+    while s < n:
+        width = max(2, max_tokens // max(int(longest[s]), 1) + 2)
+        while True:
+            width = min(width, n - s)
+            if len(counts) < width:
+                counts = np.arange(1, 2 * width + 1, dtype=np.int64)
+            cost = np.maximum.accumulate(longest[s : s + width]) * counts[:width]
+            k = int(np.searchsorted(cost, max_tokens, side="right"))
+            if k < width or s + width == n:
+                break
+            width *= 2
+        s += max(k, 1)
+        bounds.append(s)
+    return np.array(bounds, dtype=np.int64)
+
+
 def token_batches(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None
 ) -> list[np.ndarray]:
@@ -37,16 +64,9 @@ def token_batches(
     order = np.lexsort((tie, tgt_lens, src_lens))
     del tie
     longest = np.maximum(src_lens, tgt_lens)[order]
-    batches: list[np.ndarray] = []
-    start, cur_max = 0, 0
-    for i in range(n):
-        new_max = max(cur_max, int(longest[i]))
-        if i > start and new_max * (i - start + 1) > max_tokens:
-            batches.append(order[start:i])
-            start, new_max = i, int(longest[i])
-        cur_max = new_max
-    if n:
-        batches.append(order[start:])
+    bounds = batch_bounds(longest, max_tokens)
+    del longest
+    batches = [order[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
     if rng is not None:
         perm = rng.permutation(len(batches))
         batches = [batches[i] for i in perm]
