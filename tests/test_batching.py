@@ -3,7 +3,9 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from seq2seq_cli.data import batching
 from seq2seq_cli.data.batching import BatchPlan, collate, epoch_batches, pad_batch, token_batches
 from seq2seq_cli.data.corpora import Part
 from seq2seq_cli.data.encoding import EncodedCorpus
@@ -80,12 +82,14 @@ def reference_token_batches(src_lens, tgt_lens, max_tokens, rng=None):
     return batches
 
 
-def test_token_batches_equal_the_loop_over_pairs_and_keep_the_random_stream():
+@pytest.mark.parametrize("chunk", [1 << 20, 37])  # 37: pairs handled in many slices
+def test_token_batches_equal_the_loop_over_pairs_and_keep_the_random_stream(monkeypatch, chunk):
+    monkeypatch.setattr(batching, "CHUNK", chunk)
     gen = np.random.default_rng(2024)
     cases = 0
     for n in (0, 1, 2, 3, 17, 250, 1500):
-        # lengths 0 .. high-1: empty pairs, many ties, pairs over the budget; 2**20: too wide a
-        # range for the packed sort key (three sorts instead)
+        # lengths 0 .. high-1: empty pairs, many ties, pairs over the budget; 2**20: too far
+        # apart for the counting sort (three sorts instead)
         for high in (1, 3, 40, 700, 2**20):
             src, tgt = gen.integers(0, high, n), gen.integers(0, high, n)
             for dtype in (np.int32, np.int64):
@@ -158,7 +162,9 @@ def reference_epoch_rows(parts, seed, epoch):
     return np.concatenate(chunks_of_all)
 
 
-def test_weighted_epoch_batches_equal_the_first_version():
+@pytest.mark.parametrize("chunk", [1 << 20, 37])
+def test_weighted_epoch_batches_equal_the_first_version(monkeypatch, chunk):
+    monkeypatch.setattr(batching, "CHUNK", chunk)
     rng = np.random.default_rng(11)
     sizes = (300, 57, 1000)
     starts = np.cumsum((0, *sizes))[:-1]

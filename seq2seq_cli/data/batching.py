@@ -103,6 +103,9 @@ class BatchPlan(Sequence[np.ndarray]):
         return self.order
 
 
+MAX_BUCKETS = 1 << 22  # (source, target) length pairs a counting sort is used for
+
+
 def length_order(
     src_lens: np.ndarray, tgt_lens: np.ndarray, rng: np.random.Generator | None = None, rows: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -110,9 +113,10 @@ def length_order(
     length, then a random tie-break: the permutation `rng.permutation(n)` would give (made by
     shuffling an int32 arange, from the same draws), or without `rng` their position.
 
-    Sorted as one int64 key per pair, (length key << 32) | the pair's rank in the tie-break,
-    in place, instead of an argsort with its int64 result and temporaries: the sort's order
-    is the same, since no two keys are equal. -> int32 indices where they fit."""
+    A counting sort over the (source, target) length pairs, which are few: the pairs are
+    taken in tie-break order a slice at a time and each is written straight to its place, so
+    that nothing the size of the corpus is made but the result and the tie-break (an argsort
+    would add an int64 result and its temporaries). -> int32 indices where they fit."""
     n = len(rows) if rows is not None else len(src_lens)
     out_type = index_dtype(len(src_lens))
     if not n:
@@ -129,25 +133,33 @@ def length_order(
     smin, smax = int(src_lens.min()), int(src_lens.max())
     tmin, tmax = int(tgt_lens.min()), int(tgt_lens.max())
     span = tmax - tmin + 1
-    if n >= 2**32 or (smax - smin + 1) * span > 2**31:  # no room for the packed key: three sorts
+    buckets = (smax - smin + 1) * span
+    if buckets > MAX_BUCKETS:  # lengths too far apart for a counting sort: three sorts
         keys = (np.arange(n) if ranked is None else np.argsort(ranked), *(
             (tgt_lens, src_lens) if rows is None else (tgt_lens[rows], src_lens[rows])))
         order = np.lexsort(keys)
         return (order if rows is None else rows[order]).astype(out_type, copy=False)
-    key = np.empty(n, dtype=np.int64)
-    for a in range(0, n, CHUNK):
-        rank = np.arange(a, min(a + CHUNK, n), dtype=np.int64)
-        pair = rank if ranked is None else ranked[a : a + CHUNK]
+    key_type = np.uint16 if buckets <= 1 << 16 else np.int32  # a radix sort for the first
+
+    def pairs_and_keys(a: int) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs of tie-break ranks a, a+1, ... (one slice) and their length keys."""
+        pair = np.arange(a, min(a + CHUNK, n), dtype=pos_type) if ranked is None else ranked[a : a + CHUNK]
         row = pair if rows is None else rows[pair]
-        length = (src_lens[row].astype(np.int64) - smin) * span + (tgt_lens[row] - tmin)
-        key[a : a + CHUNK] = (length << 32) | rank
-    key.sort()
+        key = np.subtract(src_lens[row], smin, dtype=np.int64) * span + np.subtract(tgt_lens[row], tmin, dtype=np.int64)
+        return row, key.astype(key_type)
+
+    counts = np.zeros(buckets, dtype=np.int64)
+    for a in range(0, n, CHUNK):
+        counts += np.bincount(pairs_and_keys(a)[1], minlength=buckets)
+    next_free = np.cumsum(counts) - counts  # where the next pair of each length key goes
     order = np.empty(n, dtype=out_type)
     for a in range(0, n, CHUNK):
-        pair = key[a : a + CHUNK] & 0xFFFFFFFF
-        if ranked is not None:
-            pair = ranked[pair]
-        order[a : a + CHUNK] = pair if rows is None else rows[pair]
+        row, key = pairs_and_keys(a)
+        by_key = np.argsort(key, kind="stable")  # the slice's pairs by key, in tie-break order
+        sorted_keys = key[by_key]
+        within = np.arange(len(key)) - np.searchsorted(sorted_keys, sorted_keys, side="left")
+        order[next_free[sorted_keys] + within] = row[by_key]
+        next_free += np.bincount(key, minlength=buckets)
     return order
 
 
