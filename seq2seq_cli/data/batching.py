@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
     from seq2seq_cli.data.encoding import EncodedCorpus
 
 
-CHUNK = 1 << 20  # pairs handled at a time where a whole-corpus temporary would be needed
+CHUNK = 1 << 18  # pairs handled at a time where a whole-corpus temporary would be needed
 
 
 def index_dtype(n: int) -> type[np.signedinteger]:
