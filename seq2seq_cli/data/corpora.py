@@ -71,8 +71,11 @@ def _permutation(n: int, seed: int, corpus: int, cycle: int) -> np.ndarray:
     return perm
 
 
-def _fill(part: Part, number: int, seed: int, epoch: int, out: np.ndarray) -> None:
-    """Write `draw`'s indices into `out` (part.per_epoch of them)."""
+def draw(part: Part, number: int, seed: int, epoch: int, out: np.ndarray) -> None:
+    """Write into `out` (part.per_epoch long) the local indices of corpus `number` (0-based) in
+    epoch `epoch`: every pair floor(weight) times, then the fraction's share, positions
+    [epoch * r, (epoch + 1) * r) of the stream of permutations P_0 P_1 ... of the corpus (a
+    pair repeated where two permutations meet is taken from the next one instead)."""
     n = part.count
     full, rest = divmod(part.per_epoch, n) if n else (0, 0)
     for k in range(full):
@@ -86,16 +89,6 @@ def _fill(part: Part, number: int, seed: int, epoch: int, out: np.ndarray) -> No
             out[full * n + len(tail) :] = head[~np.isin(head, tail)][: rest - len(tail)]
 
 
-def draw(part: Part, number: int, seed: int, epoch: int) -> np.ndarray:
-    """The local indices of corpus `number` (0-based) in epoch `epoch`: every pair
-    floor(weight) times, then the fraction's share, positions [epoch * r, (epoch + 1) * r) of
-    the stream of permutations P_0 P_1 ... of the corpus (a pair repeated where two
-    permutations meet is taken from the next one instead)."""
-    out = np.empty(part.per_epoch, dtype=index_dtype(part.count))
-    _fill(part, number, seed, epoch, out)
-    return out
-
-
 def epoch_rows(parts: list[Part], seed: int, epoch: int) -> np.ndarray:
     """The rows of the combined corpus that make up epoch `epoch`, corpus by corpus (the
     batches shuffle them); a row drawn twice appears twice. int32 where the rows fit, written
@@ -105,7 +98,7 @@ def epoch_rows(parts: list[Part], seed: int, epoch: int) -> np.ndarray:
     at = 0
     for k, p in enumerate(parts):
         mine = rows[at : at + p.per_epoch]
-        _fill(p, k, seed, epoch, mine)
+        draw(p, k, seed, epoch, mine)
         mine += p.start
         at += p.per_epoch
     return rows
