@@ -26,12 +26,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from seq2seq_cli.data.batching import CHUNK, index_dtype
 from seq2seq_cli.data.encoding import EncodedCorpus, describe_drops, encoded_split
 from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.errors import UserError
 
 DRAW_STREAM = 0x5EED  # keeps the draws' generators apart from the batch order's (seed, epoch)
+CHUNK = 1 << 18  # rows counted at a time
+
+
+def index_dtype(n: int) -> type[np.signedinteger]:
+    """int32 for indices below `n` where they fit (as batching.index_dtype: this module is
+    imported by batching, not the other way round)."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 @dataclass(frozen=True)
