@@ -10,14 +10,15 @@ For each size, in a temporary directory (nothing is kept):
    update (the run's `finished at step 1` line: reading, checking and encoding the corpus
    into the Arrow cache, building the model, one update, one checkpoint), the disk the
    encoding cache takes, and the peak RSS.
-3. The same again on the run directory of the first `num_proc`, the cache reused: its time
-   to the `train:` log line (written once the corpus is encoded) is the baseline that is
-   subtracted from the cold runs' to give the encoding time alone (pairs/s).
+3. The same again on the run directory of the first `num_proc`, the cache reused (right
+   after that first cold run): its time to the `train:` log line (written once the corpus is
+   encoded) is the baseline that is subtracted from the cold runs' to give the encoding time
+   alone (pairs/s).
 
 Peak RSS is `ru_maxrss` of the `seq2seq` process (`os.wait4`): the largest process, not the
 sum with the `data.num_proc` workers. `--weights W1 W2 ...` cuts the corpus into one part per
-weight and gives `data.train` as a list of `{path, weight}` corpora (several weighted corpora
-must be supported by the config for more than one weight); the default is one corpus.
+weight and gives `data.train` as a list of `{path, weight}` corpora; the default is one
+corpus.
 
     PYTHONPATH=. .venv/bin/python bench/data_scale.py [--pairs 1000000 10000000] [--num-proc 1 2]
         [--sample 200000] [--weights 1] [--steps 1]
@@ -76,8 +77,9 @@ def write_config(tmp: Path, name: str, prefixes: list[str], weights: list[float]
 
 
 def run(*args: str) -> dict:
-    """Run `seq2seq ARGS` -> {"seconds": wall time, "peak_rss_mib", "lines": {first words: seconds
-    from the start}} (the time each stderr line came)."""
+    """Run `seq2seq ARGS` -> {"seconds": wall time, "peak_rss_mib", "lines": {first word: seconds
+    from the start}} (the time the last stderr line starting with that word came: the last
+    `train:` line is written once every training corpus is encoded)."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "seq2seq_cli", *args], cwd=REPO, env=env,
@@ -87,7 +89,7 @@ def run(*args: str) -> dict:
     text = []
     for line in proc.stderr:
         text.append(line)
-        lines.setdefault(line.split(":")[0].split(" ")[0], time.perf_counter() - start)
+        lines[line.split(":")[0].split(" ")[0]] = time.perf_counter() - start
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -111,31 +113,39 @@ def measure(tmp: Path, pairs: int, weights: list[float], sample: int, num_procs:
     print(f"  tokenize (sample {sample:,}): {tok['seconds']:.1f} s, peak RSS {tok['peak_rss_mib']:.0f} MiB", flush=True)
     spm_model = tmp / "runs" / "tok" / "spm.model"
 
-    cold = {}
-    for proc in num_procs:
+    for i, proc in enumerate(num_procs):
         cfg = write_config(tmp, f"p{proc}", prefixes, weights, sample, steps, spm_model)
         r = run("train", "--config", str(cfg), "--no-progress", "--set", f"data.num_proc={proc}")
-        cold[proc] = r
         cache = disk_mib(tmp / "runs" / f"p{proc}" / "cache")
         out[f"num_proc_{proc}"] = {"first_update_s": r["lines"]["finished"], "encoded_at_s": r["lines"]["train"],
                                    "peak_rss_mib": r["peak_rss_mib"], "cache_mib": cache}
         print(f"  train, num_proc {proc}: first update after {r['lines']['finished']:.1f} s, "
               f"peak RSS {r['peak_rss_mib']:.0f} MiB, cache {cache:.0f} MiB", flush=True)
+        if i == 0:  # the cached run next, so that a run stopped early has its baseline
+            out["cached"] = warm = rerun_cached(tmp, proc)
+            print(f"  train, cache reused: first update after {warm['first_update_s']:.1f} s, "
+                  f"peak RSS {warm['peak_rss_mib']:.0f} MiB", flush=True)
+        print(f"  encoding, num_proc {proc}: {encoding(out, proc, pairs)}", flush=True)
+    return out
 
-    first = num_procs[0]
-    run_dir = tmp / "runs" / f"p{first}"
+
+def rerun_cached(tmp: Path, proc: int) -> dict:
+    """The first run's config again on its run directory (its checkpoints and metrics removed):
+    the encoded cache is reused."""
+    run_dir = tmp / "runs" / f"p{proc}"
     shutil.rmtree(run_dir / "checkpoints")
     (run_dir / "metrics.jsonl").unlink()
-    warm = run("train", "--config", str(tmp / f"p{first}.yaml"), "--no-progress", "--set", f"data.num_proc={first}")
-    out["cached"] = {"first_update_s": warm["lines"]["finished"], "encoded_at_s": warm["lines"]["train"],
-                     "peak_rss_mib": warm["peak_rss_mib"]}
-    print(f"  train, cache reused: first update after {warm['lines']['finished']:.1f} s, "
-          f"peak RSS {warm['peak_rss_mib']:.0f} MiB", flush=True)
-    for proc in num_procs:
-        seconds = cold[proc]["lines"]["train"] - warm["lines"]["train"]
-        out[f"num_proc_{proc}"].update({"encode_s": seconds, "encode_pairs_per_s": pairs / seconds})
-        print(f"  encoding, num_proc {proc}: {seconds:.1f} s, {pairs / seconds:,.0f} pairs/s", flush=True)
-    return out
+    warm = run("train", "--config", str(tmp / f"p{proc}.yaml"), "--no-progress", "--set", f"data.num_proc={proc}")
+    return {"first_update_s": warm["lines"]["finished"], "encoded_at_s": warm["lines"]["train"],
+            "peak_rss_mib": warm["peak_rss_mib"]}
+
+
+def encoding(out: dict, proc: int, pairs: int) -> str:
+    """The cold run's time to its `train:` line less the cached run's: the encoding alone."""
+    entry = out[f"num_proc_{proc}"]
+    seconds = entry["encoded_at_s"] - out["cached"]["encoded_at_s"]
+    entry.update({"encode_s": seconds, "encode_pairs_per_s": pairs / seconds})
+    return f"{seconds:.1f} s, {pairs / seconds:,.0f} pairs/s"
 
 
 def main() -> None:

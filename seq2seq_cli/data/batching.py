@@ -8,8 +8,10 @@ batches are a pure function of (seed, epoch).
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 import torch
@@ -23,47 +25,184 @@ if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
     from seq2seq_cli.data.encoding import EncodedCorpus
 
 
+CHUNK = 1 << 18  # pairs handled at a time where a whole-corpus temporary would be needed
+
+
+def index_dtype(n: int) -> type[np.signedinteger]:
+    """The integer type of indices below `n`: int32 where they fit, to halve the memory of an
+    epoch's order of ten million pairs."""
+    return np.int32 if n < 2**31 else np.int64
+
+
+def batch_bounds(longest: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Where each batch starts among the sorted pairs (`longest`: each pair's longer side, in
+    that order), and len(longest) at the end. Greedily, the batch starting at s holds the
+    largest k >= 1 pairs with max(longest[s:s+k]) * k <= max_tokens. That product never
+    decreases with k, so each batch's size is one search over a window of the next pairs: one
+    more than a batch can hold, max_tokens // longest[s] + 1 of them (a window that all fits,
+    which only pairs of length 0 make possible, is doubled)."""
+    n = len(longest)
+    bounds = [0]
+    counts = np.arange(1, 1, dtype=np.int64)
+    s = 0
+    while s < n:
+        width = max(2, max_tokens // max(int(longest[s]), 1) + 1)
+        while True:
+            width = min(width, n - s)
+            if len(counts) < width:
+                counts = np.arange(1, 2 * width + 1, dtype=np.int64)
+            cost = np.maximum.accumulate(longest[s : s + width]) * counts[:width]
+            k = int(np.searchsorted(cost, max_tokens, side="right"))
+            if k < width or s + width == n:
+                break
+            width *= 2
+        s += max(k, 1)
+        bounds.append(s)
+    return np.array(bounds, dtype=np.int64)
+
+
+class BatchPlan(Sequence[np.ndarray]):
+    """One epoch's batches without an object per batch: the pairs' indices in length order
+    (`order`, one array), where each batch starts in it (`bounds`, one more than there are
+    batches) and the order in which the batches are taken (`shuffle`, or None: as they lie).
+    plan[i] is batch i's pair indices (a view of `order`), plan[a:b] a list of them."""
+
+    __slots__ = ("order", "bounds", "shuffle")
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray, shuffle: np.ndarray | None = None) -> None:
+        self.order, self.bounds, self.shuffle = order, bounds, shuffle
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        j = operator.index(i)
+        if not -n <= j < n:
+            raise IndexError(f"batch {j} of {n}")
+        j %= n
+        k = int(self.shuffle[j]) if self.shuffle is not None else j
+        return self.order[self.bounds[k] : self.bounds[k + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        order, bounds = self.order, self.bounds.tolist()
+        for k in (self.shuffle.tolist() if self.shuffle is not None else range(len(self))):
+            yield order[bounds[k] : bounds[k + 1]]
+
+    def rows(self) -> np.ndarray:
+        """Every pair index of the epoch (a pair drawn twice, twice), in length order rather
+        than the batches' order."""
+        return self.order
+
+
+MAX_BUCKETS = 1 << 22  # (source, target) length pairs a counting sort is used for
+
+
+def length_order(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, rng: np.random.Generator | None = None, rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """The pairs (0..n-1, or the corpus rows `rows`) sorted by source length, then target
+    length, then a random tie-break: the permutation `rng.permutation(n)` would give (made by
+    shuffling an int32 arange, from the same draws), or without `rng` their position.
+
+    A counting sort over the (source, target) length pairs, which are few: the pairs are
+    taken in tie-break order a slice at a time and each is written straight to its place, so
+    that nothing the size of the corpus is made but the result and the tie-break (an argsort
+    would add an int64 result and its temporaries). -> int32 indices where they fit."""
+    n = len(rows) if rows is not None else len(src_lens)
+    out_type = index_dtype(len(src_lens))
+    if not n:
+        return np.zeros(0, dtype=out_type)
+    pos_type = index_dtype(n)
+    ranked: np.ndarray | None = None  # ranked[r]: the pair whose tie-break rank is r
+    if rng is not None:
+        tie = np.arange(n, dtype=pos_type)
+        rng.shuffle(tie)  # == rng.permutation(n), the same draws
+        ranked = np.empty(n, dtype=pos_type)
+        for a in range(0, n, CHUNK):
+            ranked[tie[a : a + CHUNK]] = np.arange(a, min(a + CHUNK, n), dtype=pos_type)
+        del tie
+    smin, smax = int(src_lens.min()), int(src_lens.max())
+    tmin, tmax = int(tgt_lens.min()), int(tgt_lens.max())
+    span = tmax - tmin + 1
+    buckets = (smax - smin + 1) * span
+    if buckets > MAX_BUCKETS:  # lengths too far apart for a counting sort: three sorts
+        keys = (np.arange(n) if ranked is None else np.argsort(ranked), *(
+            (tgt_lens, src_lens) if rows is None else (tgt_lens[rows], src_lens[rows])))
+        order = np.lexsort(keys)
+        return (order if rows is None else rows[order]).astype(out_type, copy=False)
+    key_type = np.uint16 if buckets <= 1 << 16 else np.int32  # a radix sort for the first
+
+    def pairs_and_keys(a: int) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs of tie-break ranks a, a+1, ... (one slice) and their length keys."""
+        pair = np.arange(a, min(a + CHUNK, n), dtype=pos_type) if ranked is None else ranked[a : a + CHUNK]
+        row = pair if rows is None else rows[pair]
+        key = np.subtract(src_lens[row], smin, dtype=np.int64) * span + np.subtract(tgt_lens[row], tmin, dtype=np.int64)
+        return row, key.astype(key_type)
+
+    counts = np.zeros(buckets, dtype=np.int64)
+    for a in range(0, n, CHUNK):
+        counts += np.bincount(pairs_and_keys(a)[1], minlength=buckets)
+    next_free = np.cumsum(counts) - counts  # where the next pair of each length key goes
+    order = np.empty(n, dtype=out_type)
+    for a in range(0, n, CHUNK):
+        row, key = pairs_and_keys(a)
+        by_key = np.argsort(key, kind="stable")  # the slice's pairs by key, in tie-break order
+        sorted_keys = key[by_key]
+        within = np.arange(len(key)) - np.searchsorted(sorted_keys, sorted_keys, side="left")
+        order[next_free[sorted_keys] + within] = row[by_key]
+        next_free += np.bincount(key, minlength=buckets)
+    return order
+
+
+def plan_batches(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None,
+    rows: np.ndarray | None = None,
+) -> BatchPlan:
+    """`token_batches` of the pairs (0..n-1, or the corpus rows `rows`, whose lengths are
+    src_lens[rows] and tgt_lens[rows])."""
+    order = length_order(src_lens, tgt_lens, rng, rows)
+    longest = np.empty(len(order), dtype=np.result_type(src_lens, tgt_lens))
+    for a in range(0, len(order), CHUNK):
+        index = order[a : a + CHUNK]
+        np.maximum(src_lens[index], tgt_lens[index], out=longest[a : a + CHUNK])
+    bounds = batch_bounds(longest, max_tokens)
+    del longest
+    shuffle = rng.permutation(len(bounds) - 1) if rng is not None else None
+    return BatchPlan(order, bounds, shuffle)
+
+
 def token_batches(
     src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None
-) -> list[np.ndarray]:
+) -> BatchPlan:
     """Group pair indices into batches of similar length with batch_size * longest <= max_tokens.
 
     Pairs are sorted by source then target length (ties broken at random when `rng` is
     given); with `rng` the order of the batches is shuffled too. A single pair longer than
     max_tokens forms a batch of its own.
     """
-    n = len(src_lens)
-    tie = rng.permutation(n) if rng is not None else np.arange(n)
-    order = np.lexsort((tie, tgt_lens, src_lens))
-    del tie
-    longest = np.maximum(src_lens, tgt_lens)[order]
-    batches: list[np.ndarray] = []
-    start, cur_max = 0, 0
-    for i in range(n):
-        new_max = max(cur_max, int(longest[i]))
-        if i > start and new_max * (i - start + 1) > max_tokens:
-            batches.append(order[start:i])
-            start, new_max = i, int(longest[i])
-        cur_max = new_max
-    if n:
-        batches.append(order[start:])
-    if rng is not None:
-        perm = rng.permutation(len(batches))
-        batches = [batches[i] for i in perm]
-    return batches
+    return plan_batches(src_lens, tgt_lens, max_tokens, rng)
 
 
-def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int) -> list[np.ndarray]:
+def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int) -> BatchPlan:
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run
     sees exactly the batches an uninterrupted one would. Of several weighted corpora, the
     epoch holds the rows `corpora.epoch_rows` draws (one corpus of weight 1: all, as one split)."""
     rng = np.random.default_rng([seed, epoch])
     if corpus.parts is None:
-        return token_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
+        return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
     from seq2seq_cli.data.corpora import epoch_rows
 
     rows = epoch_rows(corpus.parts, seed, epoch)
-    return [rows[b] for b in token_batches(corpus.src_lens[rows], corpus.tgt_lens[rows], max_tokens, rng)]
+    return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
 
 
 def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Tensor:

@@ -31,6 +31,13 @@ from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.errors import UserError
 
 DRAW_STREAM = 0x5EED  # keeps the draws' generators apart from the batch order's (seed, epoch)
+CHUNK = 1 << 18  # rows counted at a time
+
+
+def index_dtype(n: int) -> type[np.signedinteger]:
+    """int32 for indices below `n` where they fit (as batching.index_dtype: this module is
+    imported by batching, not the other way round)."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 @dataclass(frozen=True)
@@ -63,39 +70,55 @@ class Part:
 
 
 def _permutation(n: int, seed: int, corpus: int, cycle: int) -> np.ndarray:
-    return np.random.default_rng([seed, DRAW_STREAM, corpus, cycle]).permutation(n)
+    """rng.permutation(n) of the corpus's generator for `cycle`, made as int32 where it fits
+    (shuffling an arange of either type draws the same permutation)."""
+    perm = np.arange(n, dtype=index_dtype(n))
+    np.random.default_rng([seed, DRAW_STREAM, corpus, cycle]).shuffle(perm)
+    return perm
 
 
-def draw(part: Part, number: int, seed: int, epoch: int) -> np.ndarray:
-    """The local indices of corpus `number` (0-based) in epoch `epoch`: every pair
-    floor(weight) times, then the fraction's share, positions [epoch * r, (epoch + 1) * r) of
-    the stream of permutations P_0 P_1 ... of the corpus (a pair repeated where two
-    permutations meet is taken from the next one instead)."""
+def draw(part: Part, number: int, seed: int, epoch: int, out: np.ndarray) -> None:
+    """Write into `out` (part.per_epoch long) the local indices of corpus `number` (0-based) in
+    epoch `epoch`: every pair floor(weight) times, then the fraction's share, positions
+    [epoch * r, (epoch + 1) * r) of the stream of permutations P_0 P_1 ... of the corpus (a
+    pair repeated where two permutations meet is taken from the next one instead)."""
     n = part.count
     full, rest = divmod(part.per_epoch, n) if n else (0, 0)
-    chunks = [np.arange(n, dtype=np.int64)] * full
+    for k in range(full):
+        out[k * n : (k + 1) * n] = np.arange(n, dtype=out.dtype)
     if rest:
         cycle, offset = divmod(epoch * rest, n)
         tail = _permutation(n, seed, number, cycle)[offset : offset + rest]
+        out[full * n : full * n + len(tail)] = tail
         if len(tail) < rest:
             head = _permutation(n, seed, number, cycle + 1)
-            head = head[~np.isin(head, tail)][: rest - len(tail)]
-            tail = np.concatenate([tail, head])
-        chunks.append(tail.astype(np.int64))
-    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+            out[full * n + len(tail) :] = head[~np.isin(head, tail)][: rest - len(tail)]
 
 
 def epoch_rows(parts: list[Part], seed: int, epoch: int) -> np.ndarray:
     """The rows of the combined corpus that make up epoch `epoch`, corpus by corpus (the
-    batches shuffle them); a row drawn twice appears twice."""
-    return np.concatenate([p.start + draw(p, k, seed, epoch) for k, p in enumerate(parts)])
+    batches shuffle them); a row drawn twice appears twice. int32 where the rows fit, written
+    corpus by corpus into one array."""
+    end = max((p.start + p.count for p in parts), default=0)
+    rows = np.empty(sum(p.per_epoch for p in parts), dtype=index_dtype(end))
+    at = 0
+    for k, p in enumerate(parts):
+        mine = rows[at : at + p.per_epoch]
+        draw(p, k, seed, epoch, mine)
+        mine += p.start
+        at += p.per_epoch
+    return rows
 
 
 def drawn_per_corpus(parts: list[Part], rows: np.ndarray) -> list[int]:
-    """How many of `rows` (an epoch's, or a batch's) belong to each corpus."""
+    """How many of `rows` (an epoch's, or a batch's) belong to each corpus (counted a slice at
+    a time, with no temporary the size of an epoch)."""
     starts = np.array([p.start for p in parts])
-    which = np.searchsorted(starts, rows, side="right") - 1
-    return np.bincount(which, minlength=len(parts)).tolist()
+    counts = np.zeros(len(parts), dtype=np.int64)
+    for a in range(0, len(rows), CHUNK):
+        which = np.searchsorted(starts, rows[a : a + CHUNK], side="right") - 1
+        counts += np.bincount(which, minlength=len(parts))
+    return counts.tolist()
 
 
 def row_prefixes(corpus: EncodedCorpus, index: np.ndarray) -> list[list[int]]:

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from seq2seq_cli.config import Config, TrainConfig
-from seq2seq_cli.data.batching import Batch, collate, epoch_batches, token_batches
+from seq2seq_cli.data.batching import Batch, BatchPlan, collate, epoch_batches, token_batches
 from seq2seq_cli.data.corpora import drawn_per_corpus
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.device import resolve_precision
@@ -222,7 +222,7 @@ class Outcome(enum.Enum):
 # --------------------------------------------------------------------------- the steps of the loop
 
 
-def one_update(run: Run, state: TrainState, batches: list[np.ndarray]) -> Outcome:
+def one_update(run: Run, state: TrainState, batches: BatchPlan) -> Outcome:
     """Take the next update's batches of this epoch's order, accumulate their gradients and
     step the optimizer unless a loss or the gradient is not finite."""
     t, procs, optimizer, scaler = run.config.train, run.procs, run.optimizer, run.scaler
@@ -351,20 +351,20 @@ def should_stop(run: Run, state: TrainState) -> bool:
     )
 
 
-def next_epoch(run: Run, state: TrainState) -> list[np.ndarray]:
+def next_epoch(run: Run, state: TrainState) -> BatchPlan:
     """Move on to the next epoch -> its batches (a pure function of the seed and the epoch)."""
     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
     return epoch_batches(run.data.train, run.config.train.max_tokens, run.config.train.seed, state.epoch)
 
 
-def report_epoch(run: Run, state: TrainState, batches: list[np.ndarray]) -> None:
+def report_epoch(run: Run, state: TrainState, batches: BatchPlan) -> None:
     """Of several corpora: the pairs of each in the epoch whose first update starts, in the log
     and as a metrics record (`train_drawn`) at that update's step, so that a run resumed before
     it writes it once."""
     parts = run.data.train.parts
     if parts is None:
         return
-    drawn = drawn_per_corpus(parts, np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64))
+    drawn = drawn_per_corpus(parts, batches.rows())
     run.log(f"epoch {state.epoch + 1}: " + ", ".join(f"{n} pairs of {p.path}" for n, p in zip(drawn, parts)))
     if run.metrics is not None:
         run.metrics.write({"step": state.step + 1, "epoch": state.epoch + 1, "train_drawn": drawn})
