@@ -50,6 +50,26 @@ def test_a_read_corpus_keeps_none_of_its_pages_resident(tmp_path, form):
     assert len(ds) == 40_000 and ds[39_999]["tgt"].startswith("39999 word")  # still readable
 
 
+def test_the_source_sides_pages_are_dropped_before_the_target_side_is_read(tmp_path, monkeypatch):
+    """Of a corpus in two text files, the source side's pages go before the target side is
+    loaded, so the read's peak holds one side's pages, not both."""
+    from seq2seq_cli.data import formats
+
+    loaded: list = []
+    resident_at_start: list[int] = []
+    load = formats._load_lines
+
+    def spy(path, cache_dir):
+        resident_at_start.append(resident_kib({str(Path(f["filename"]).resolve()) for d in loaded for f in d.cache_files}))
+        loaded.append(load(path, cache_dir))
+        return loaded[-1]
+
+    monkeypatch.setattr(formats, "_load_lines", spy)
+    formats.read_parallel(write_corpus(tmp_path / "corpus", 40_000), "es", "en", tmp_path / "cache")
+    assert len(resident_at_start) == 2 and loaded[0].cache_files
+    assert resident_at_start[1] < 512, resident_at_start
+
+
 def test_training_the_tokenizer_on_a_tsv_corpus_keeps_none_of_its_pages_resident(tmp_path, monkeypatch):
     """SentencePiece reads a TSV/JSONL corpus through the dataset, batch by batch: the pages
     of each batch are dropped once it is read."""

@@ -184,7 +184,8 @@ def read_parallel(
     proc = num_proc if num_proc > 1 else None
     if source.format == "text":
         src_file, tgt_file = source.files
-        src, tgt = (_load_lines(f, cache_dir) for f in source.files)
+        # each side's pages go once it is loaded, so the read's peak holds one side, not both
+        src, tgt = (_released(_load_lines(f, cache_dir)) for f in source.files)
         if len(src) != len(tgt):
             raise UserError(
                 f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; "
