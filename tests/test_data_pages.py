@@ -97,3 +97,40 @@ def test_training_the_tokenizer_on_a_tsv_corpus_keeps_none_of_its_pages_resident
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", counting)
     tokenizer.make_tokenizer(config)
     assert seen and max(seen) < 1024, seen
+
+
+def test_the_steps_of_encoding_leave_no_pages_resident_for_the_next(tmp_path, monkeypatch):
+    """Encoding reads `datasets`' Arrow files step after step (the encoded pairs, their drop
+    codes, the kept pairs, their lengths); each step's pages are dropped before the next, so
+    that they do not add up: none are resident when the kept pairs start being written, and
+    none once the corpus is open."""
+    import sentencepiece as spm
+
+    from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+    from seq2seq_cli.data import encoding
+
+    prefix = write_corpus(tmp_path / "corpus", 40_000)
+    sp_prefix = tmp_path / "spm"
+    spm.SentencePieceTrainer.train(input=f"{prefix}.es,{prefix}.en", model_prefix=str(sp_prefix), vocab_size=60,
+                                   input_sentence_size=2000, bos_id=1, eos_id=2, pad_id=0, unk_id=3, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=f"{sp_prefix}.model")
+    config = Config(name="t", run_dir=str(tmp_path / "run"), data=DataConfig(train=prefix, src_lang="es", tgt_lang="en"),
+                    tokenizer=TokenizerConfig(vocab_size=60), train=TrainConfig(max_steps=1))
+
+    def mapped() -> set[str]:
+        return {line.split()[-1] for line in open("/proc/self/maps", encoding="utf-8")
+                if line.rstrip().endswith(".arrow") and str(tmp_path / "run") in line}
+
+    at_write: list[int] = []
+    write = encoding._write_kept
+
+    def spy(encoded, keep, path, release):
+        at_write.append(resident_kib(mapped()))
+        return write(encoded, keep, path, release)
+
+    monkeypatch.setattr(encoding, "_write_kept", spy)
+    corpus = encoding.encoded_split(config, prefix, sp, sp, training=True)
+    assert len(corpus) == 40_000 and at_write
+    assert sum(Path(f).stat().st_size for f in mapped()) > 8 << 20
+    assert at_write[0] < 1024, at_write
+    assert resident_kib(mapped()) < 1024, resident_kib(mapped())

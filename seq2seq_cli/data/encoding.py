@@ -159,9 +159,24 @@ def _encode(dataset, src_sp, tgt_sp, filters: Filters, num_proc: int = 1, cache_
     )
 
 
-def _keep(encoded, dedup: bool) -> tuple[np.ndarray, dict[str, int]]:
+def column_values(table, name: str, dtype, release: Callable[[], None] | None = None, every: int = 64) -> np.ndarray:
+    """One column of a (memory-mapped) Arrow table as a numpy array, read chunk by chunk with
+    `release` called every `every` chunks: reading even a narrow column faults in the pages
+    around it, which for a memory-mapped file would otherwise stay resident all at once."""
+    col = table.column(name)
+    out = np.empty(len(col), dtype=dtype)
+    start = 0
+    for i, chunk in enumerate(col.chunks):
+        out[start : start + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+        start += len(chunk)
+        if release is not None and i % every == every - 1:
+            release()
+    return out
+
+
+def _keep(encoded, dedup: bool, release: Callable[[], None] | None = None) -> tuple[np.ndarray, dict[str, int]]:
     """Indices of the rows that survive the filters, and how many each reason dropped."""
-    drop = encoded.data.column("_drop").to_numpy()
+    drop = column_values(encoded.data, "_drop", encoded.data.column("_drop").type.to_pandas_dtype(), release)
     keep = drop == int(Drop.KEPT)
     dropped = {code.key: int((drop == int(code)).sum()) for code in (Drop.EMPTY, Drop.TOO_LONG, Drop.RATIO)}
     dropped[Drop.DUPLICATE.key] = 0
@@ -176,12 +191,26 @@ def _keep(encoded, dedup: bool) -> tuple[np.ndarray, dict[str, int]]:
     return np.flatnonzero(keep), dropped
 
 
-def _corpus(ds, dropped: dict[str, int]) -> EncodedCorpus:
-    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+def _corpus(table: pa.Table, dropped: dict[str, int], release: Callable[[], None] | None = None) -> EncodedCorpus:
     return EncodedCorpus(
-        table, ds.data.column("src_len").to_numpy().astype(np.int32), ds.data.column("tgt_len").to_numpy().astype(np.int32),
-        dropped,
+        table, column_values(table, "src_len", np.int32, release), column_values(table, "tgt_len", np.int32, release), dropped,
     )
+
+
+def _open_pairs(path: Path) -> tuple[pa.Table, PageRelease]:
+    """The kept pairs' Arrow stream, memory-mapped, and what drops its resident pages. Read
+    record batch by record batch with the pages dropped as it goes: reading the whole stream
+    at once would fault in pages all over the file and hold them together."""
+    source = pa.memory_map(str(path))
+    release = PageRelease(path.parent)  # after the mapping exists: it is found in /proc/self/maps
+    reader = pa.ipc.open_stream(source)
+    batches = []
+    for i, batch in enumerate(reader):
+        batches.append(batch)
+        if i % 64 == 63:
+            release()
+    release()
+    return pa.Table.from_batches(batches, schema=reader.schema), release
 
 
 def encode_corpus(dataset, src_sp, tgt_sp, max_src_len: int | None = None, max_tgt_len: int | None = None) -> EncodedCorpus:
@@ -189,7 +218,7 @@ def encode_corpus(dataset, src_sp, tgt_sp, max_src_len: int | None = None, max_t
     than the limits (in subwords)."""
     encoded = _encode(dataset, src_sp, tgt_sp, Filters(max_src_len, max_tgt_len))
     keep, dropped = _keep(encoded, False)
-    return _corpus(encoded.select(keep).flatten_indices(keep_in_memory=True), dropped)
+    return _corpus(encoded.select(keep).flatten_indices(keep_in_memory=True).data.table, dropped)
 
 
 def _write_kept(encoded, keep: np.ndarray, path: Path, release: Callable[[], None]) -> None:
@@ -271,7 +300,7 @@ def encoded_split(
     its copy of the files), read as it is. `label` names the cache (one per label: train,
     valid, or train.N for corpus N of several); `prefix` (a tag's id) goes in front of every
     source, counted by the length filters."""
-    datasets = quiet_datasets()
+    quiet_datasets()
     d, t = config.data, config.tokenizer
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
     fits = config.model.max_positions - 1
@@ -296,11 +325,16 @@ def encoded_split(
             raw = read_split(config, value)
             encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", RunLayout(config.run_path).cache,
                               prefix)
+            # Each step that reads `datasets`' Arrow files faults in pages all over them: they
+            # are dropped after every step, so that the steps' pages do not add up.
+            release = PageRelease(RunLayout(config.run_path).cache)
+            release()
             if d.on_empty == "error":
                 _empty_error(encoded, source, (d.src_lang, d.tgt_lang))
-            keep, dropped = _keep(encoded, filters.dedup)
+            keep, dropped = _keep(encoded, filters.dedup, release)
+            release()
             (build / "dataset").mkdir()
-            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, PageRelease(RunLayout(config.run_path).cache))
+            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, release)
             (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
             del encoded, raw
             for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
@@ -311,9 +345,10 @@ def encoded_split(
         finally:
             shutil.rmtree(build, ignore_errors=True)
     stats = json.loads((path / "stats.json").read_text())
-    corpus = _corpus(datasets.Dataset.from_file(str(path / PAIRS_FILE)), stats["dropped"])
+    pairs, release_kept = _open_pairs(path / PAIRS_FILE)
+    corpus = _corpus(pairs, stats["dropped"], release_kept)
     corpus.from_cache, corpus.cache_path = from_cache, path
-    corpus.release = PageRelease(path)
+    corpus.release = release_kept
     corpus.release()  # reading the length columns mapped pages all over the file
     corpus.decoder_start = config.model.decoder_start_id
     corpus.prefix = list(prefix or [])
