@@ -134,3 +134,40 @@ def test_the_steps_of_encoding_leave_no_pages_resident_for_the_next(tmp_path, mo
     assert sum(Path(f).stat().st_size for f in mapped()) > 8 << 20
     assert at_write[0] < 1024, at_write
     assert resident_kib(mapped()) < 1024, resident_kib(mapped())
+
+
+def test_a_release_never_touches_memory_mapped_where_a_file_was_mapped_before(tmp_path):
+    """A mapping found once may be unmapped and its addresses reused (by the heap, for large
+    allocations); DONTNEED there would wipe live memory. The mappings are looked up at every
+    call: here anonymous memory put exactly where the file was survives the release."""
+    import ctypes
+    import mmap
+
+    from seq2seq_cli.data.pages import PageRelease
+
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "file.bin"
+    path.write_bytes(b"x" * (1 << 20))
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    start = next(int(line.split("-")[0], 16) for line in open("/proc/self/maps", encoding="utf-8")
+                 if line.rstrip().endswith(str(path.resolve())))
+    release = PageRelease(tmp_path / "data")
+    assert release.ranges == [(start, start + (1 << 20))]
+    mapped.close()
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    fixed_noreplace = 0x100000
+    anon = libc.mmap(start, 1 << 20, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | fixed_noreplace, -1, 0)
+    if anon != start:
+        pytest.skip("the kernel did not give the same addresses back")
+    try:
+        ctypes.memset(start, 7, 1 << 20)
+        release()
+        assert ctypes.string_at(start, 16) == bytes([7]) * 16 and ctypes.string_at(start + (1 << 19), 16) == bytes([7]) * 16
+    finally:
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.munmap(start, 1 << 20)

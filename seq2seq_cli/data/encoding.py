@@ -202,7 +202,7 @@ def _open_pairs(path: Path) -> tuple[pa.Table, PageRelease]:
     record batch by record batch with the pages dropped as it goes: reading the whole stream
     at once would fault in pages all over the file and hold them together."""
     source = pa.memory_map(str(path))
-    release = PageRelease(path.parent)  # after the mapping exists: it is found in /proc/self/maps
+    release = PageRelease(path.parent)
     reader = pa.ipc.open_stream(source)
     batches = []
     for i, batch in enumerate(reader):
