@@ -99,3 +99,29 @@ def held_lock(run: Path) -> Iterator[int]:
     finally:
         holder.kill()
         holder.wait()
+
+
+def corpora(tmp: Path) -> list[dict]:
+    """Three corpora in three formats, from the shipped validation split: text files (weight 2),
+    TSV (weight 0.5, tagged) and JSONL (weight 1, another tag)."""
+    es = (SHIPPED / "valid.es").read_text(encoding="utf-8").splitlines()
+    en = (SHIPPED / "valid.en").read_text(encoding="utf-8").splitlines()
+    (tmp / "a.es").write_text("\n".join(es[:120]) + "\n", encoding="utf-8")
+    (tmp / "a.en").write_text("\n".join(en[:120]) + "\n", encoding="utf-8")
+    (tmp / "b.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(es[120:221], en[120:221])), encoding="utf-8")
+    (tmp / "c.jsonl").write_text("".join(json.dumps({"es": s, "en": t}) + "\n" for s, t in zip(es[221:300], en[221:300])),
+                                 encoding="utf-8")
+    return [{"path": str(tmp / "a"), "weight": 2},
+            {"path": str(tmp / "b.tsv"), "weight": 0.5, "tag": "<bt>"},
+            {"path": str(tmp / "c.jsonl"), "weight": 1, "tag": ">>en<<"}]
+
+
+def corpora_config(tmp: Path, name: str, **train_overrides) -> Path:
+    """`make_config` (dropout on, frequent saves) training on the three `corpora`."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = make_config(tmp, name, **train_overrides)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw["data"]["train"] = corpora(tmp)
+    raw["data"]["valid"] = str(tmp / "a")  # a short validation keeps the runs quick
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return path

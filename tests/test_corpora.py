@@ -8,15 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece as spm
-import yaml
 from typer.testing import CliRunner
 
-from helpers import REPO, SHIPPED, assert_same, make_config, quiet
+from helpers import REPO, SHIPPED, assert_same, corpora_config, quiet
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import load_config
 from seq2seq_cli.data.batching import collate, epoch_batches
@@ -30,30 +28,6 @@ from seq2seq_cli.train.setup import prepare_data
 runner = CliRunner()
 ES = (SHIPPED / "valid.es").read_text(encoding="utf-8").splitlines()
 EN = (SHIPPED / "valid.en").read_text(encoding="utf-8").splitlines()
-
-
-def corpora(tmp: Path) -> list[dict]:
-    """Three corpora in three formats: text files (weight 2), TSV (weight 0.5, tagged) and
-    JSONL (weight 1, another tag)."""
-    (tmp / "a.es").write_text("\n".join(ES[:120]) + "\n", encoding="utf-8")
-    (tmp / "a.en").write_text("\n".join(EN[:120]) + "\n", encoding="utf-8")
-    (tmp / "b.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(ES[120:221], EN[120:221])), encoding="utf-8")
-    (tmp / "c.jsonl").write_text("".join(json.dumps({"es": s, "en": t}) + "\n" for s, t in zip(ES[221:300], EN[221:300])),
-                                 encoding="utf-8")
-    return [{"path": str(tmp / "a"), "weight": 2},
-            {"path": str(tmp / "b.tsv"), "weight": 0.5, "tag": "<bt>"},
-            {"path": str(tmp / "c.jsonl"), "weight": 1, "tag": ">>en<<"}]
-
-
-def corpora_config(tmp: Path, name: str, **train_overrides) -> Path:
-    """`make_config` (dropout on, frequent saves) training on the three corpora."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = make_config(tmp, name, **train_overrides)
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    raw["data"]["train"] = corpora(tmp)
-    raw["data"]["valid"] = str(tmp / "a")  # a short validation keeps the runs quick
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

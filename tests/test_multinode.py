@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from helpers import make_config, quiet, weights
-from test_corpora import corpora_config
+from helpers import corpora_config, make_config, quiet, weights
 
 STEPS = 6
 
