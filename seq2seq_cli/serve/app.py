@@ -40,8 +40,10 @@ from seq2seq_cli.serve.page import PAGE
 log = logging.getLogger("seq2seq.serve")
 
 # The decoding options a request may set; batch_tokens, precision and quantize belong to the
-# server (the model is loaded with them) and are set on the `serve` command line.
-REQUEST_DECODE_KEYS = [k for k in DecodeConfig.model_fields if k not in ("batch_tokens", "precision", "quantize")]
+# server (the model is loaded with them) and are set on the `serve` command line; requests
+# carry no constraints, so constraint_beam_size is not theirs either.
+REQUEST_DECODE_KEYS = [k for k in DecodeConfig.model_fields
+                       if k not in ("batch_tokens", "precision", "quantize", "constraint_beam_size")]
 V1_KEYS = ["q", "source", "target", "api_key", "nbest", "alignment", "attention", "prefix"]
 
 
