@@ -192,15 +192,14 @@ def constrained_beam_search(
         # Candidates: the top 2K of the beam, the constraint tokens, each row's best token. The
         # top 2K of the beam lie among the rows' own top 2K: two small top-k instead of one over
         # k * V, and the rows' best tokens come with them.
-        # (Unsorted: the candidates are sorted by index below.)
         R = min(2 * K, V)
-        row_val, row_tok = lprobs.topk(R, dim=1, sorted=False)  # (N, R)
+        row_val, row_tok = lprobs.topk(R, dim=1)  # (N, R), best first
         beam_row = (row_val + scores.view(-1, 1)).view(b, k * R)
-        top_pos = beam_row.topk(min(2 * K, k * R), dim=1, sorted=False).indices  # (b, 2K) positions in (k, R)
+        top_pos = beam_row.topk(min(2 * K, k * R), dim=1).indices  # (b, 2K) positions in (k, R)
         top_idx = (top_pos // R) * V + row_tok.view(b, k * R).gather(1, top_pos)
         beam_of_row = torch.arange(k, device=device).repeat(b)  # (N,)
         cons_idx = (beam_of_row[:, None] * V + next_tok.clamp(min=0)).masked_fill(~allowed, -1).view(b, -1)  # (b, k*C)
-        best_idx = (beam_of_row * V + row_tok.gather(1, row_val.argmax(dim=1, keepdim=True)).squeeze(1)).view(b, k)  # (b, k)
+        best_idx = (beam_of_row * V + row_tok[:, 0]).view(b, k)  # (b, k)
         idx = torch.cat([top_idx, cons_idx, best_idx], dim=1)  # (b, M)
         idx, _ = idx.sort(dim=1)
         dup = torch.zeros_like(idx, dtype=torch.bool)
