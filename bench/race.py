@@ -145,9 +145,10 @@ def run_hf(config: Config, steps: list[int]) -> dict:
     import math
 
     from seq2seq_cli.data.batching import collate, epoch_batches
-    from seq2seq_cli.train.loop import learning_rate
+    from seq2seq_cli.train.loop import update_lr
     from seq2seq_cli.train.loss import label_smoothed_nll
     from seq2seq_cli.train.setup import make_optimizer
+    from seq2seq_cli.train.state import TrainState
 
     t = config.train
     src_sp, tgt_sp, train, valid = corpora(config)
@@ -161,13 +162,18 @@ def run_hf(config: Config, steps: list[int]) -> dict:
     step, epoch, start, at, paused = 0, 0, time.time(), {}, 0.0
     budget = t.max_minutes * 60 if t.max_minutes else math.inf
     limit = t.max_steps or math.inf
+    state = TrainState()  # the schedule's view of the run: the same rate as ours at the same point of its budget
     while step < limit and time.time() - start - paused < budget:
-        for b in epoch_batches(train, t.max_tokens, t.seed, epoch):
+        plan = epoch_batches(train, t.max_tokens, t.seed, epoch)
+        for i, b in enumerate(plan):
             if step >= limit or time.time() - start - paused >= budget:
                 break
             batch = collate(train, b)
+            state.step, state.epoch, state.batch_in_epoch = step, epoch, i + 1
+            state.minutes = (time.time() - start - paused) / 60
+            lr = update_lr(t, state, plan)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step + 1, t)
+                group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             with amp:
                 logits = net(batch.src, batch.tgt_in)

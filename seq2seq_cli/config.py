@@ -238,10 +238,12 @@ class TrainConfig(Section):
     max_minutes: float | None = Field(None, gt=0)
     update_freq: int = Field(1, ge=1, description="accumulate gradients over this many batches per update")
     lr: float = Field(5e-4, gt=0)
-    schedule: Literal["inverse_sqrt", "cosine", "constant"] = Field(
-        "inverse_sqrt", description="after linear warmup: lr*sqrt(warmup/step), cosine decay to min_lr, or constant"
+    schedule: Literal["inverse_sqrt", "cosine", "linear", "constant"] = Field(
+        "inverse_sqrt",
+        description="after linear warmup: lr*sqrt(warmup/step); cosine or linear decay to min_lr where the run ends "
+        "(max_steps, max_epochs or max_minutes, whichever runs out first); or constant",
     )
-    min_lr: float = Field(0.0, ge=0, description="where the cosine schedule ends")
+    min_lr: float = Field(0.0, ge=0, description="where the cosine and linear schedules end")
     warmup_steps: int = Field(4000, ge=0)
     warmup_init_lr: float = Field(1e-7, ge=0)
     betas: tuple[float, float] = (0.9, 0.98)
@@ -276,8 +278,6 @@ class TrainConfig(Section):
     def _some_stop(self) -> TrainConfig:
         if self.max_steps is None and self.max_epochs is None and self.max_minutes is None:
             raise ValueError("set at least one of max_steps, max_epochs, max_minutes")
-        if self.schedule == "cosine" and self.max_steps is None:
-            raise ValueError("schedule cosine decays over max_steps: set max_steps")
         if self.best_metric == "bleu" and not self.valid_bleu:
             raise ValueError("best_metric bleu needs valid_bleu: true")
         return self

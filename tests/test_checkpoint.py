@@ -165,6 +165,22 @@ def test_fp16_overflow_is_handled_by_the_scaler_and_resume_stays_exact(tmp_path,
     assert_same(ref, quiet(cfg, True, *common))
 
 
+def test_a_decaying_schedule_resumes_exactly(tmp_path, monkeypatch):
+    """`linear` over an epochs budget: the decay starts where warmup ended, a share of the
+    budget the checkpoint keeps (no steps budget to derive it from), so a run stopped after
+    warmup and resumed equals the uninterrupted one."""
+    common = ("train.schedule=linear", "train.max_steps=null", "train.max_epochs=2")
+    ref = quiet(make_config(tmp_path, "ref"), False, *common)
+    assert train_records(ref)[-1]["lr"] < 0.2 * load_config(make_config(tmp_path, "x")).train.lr
+    original = train_module.should_stop
+    monkeypatch.setattr(train_module, "should_stop", lambda run, state: original(run, state) or state.step >= 9)
+    cfg = make_config(tmp_path, "run")
+    quiet(cfg, False, *common)
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.state.pt", weights_only=True)["step"] == 9
+    monkeypatch.setattr(train_module, "should_stop", original)
+    assert_same(ref, quiet(cfg, True, *common))
+
+
 def test_average_written_outside_the_run_is_refused_and_the_run_stays_usable(reference, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -11,23 +11,57 @@ from helpers import make_config, quiet
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import TrainConfig
 from seq2seq_cli.run import checkpoint as ckpt
-from seq2seq_cli.train.loop import learning_rate
+from seq2seq_cli.train.loop import update_lr
+from seq2seq_cli.train.state import TrainState
 
 runner = CliRunner()
 
 
+def lr_sequence(t: TrainConfig, steps: int, minutes=None, batches: int = 1000) -> list[float]:
+    """The rates `update_lr` gives updates 1..steps, the clock reading `minutes(step)`."""
+    state, plan, out = TrainState(), list(range(batches)), []
+    for step in range(1, steps + 1):
+        state.minutes = minutes(step) if minutes else 0.0
+        state.batch_in_epoch += 1  # (one_update takes the update's batches, then its rate)
+        out.append(update_lr(t, state, plan))
+        state.step = step
+    return out
+
+
 def test_schedules():
     base = dict(lr=1e-3, warmup_steps=10, warmup_init_lr=0.0, max_steps=110)
-    inv, cos, const = (TrainConfig(**base, schedule=s, min_lr=1e-5) for s in ("inverse_sqrt", "cosine", "constant"))
-    for t in (inv, cos, const):
-        assert learning_rate(5, t) == pytest.approx(5e-4)  # linear warmup, shared
-        assert learning_rate(10, t) == pytest.approx(1e-3)
-    assert learning_rate(40, inv) == pytest.approx(1e-3 * math.sqrt(10 / 40))
-    assert learning_rate(60, cos) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)  # half way
-    assert learning_rate(110, cos) == pytest.approx(1e-5) and learning_rate(500, cos) == pytest.approx(1e-5)
-    assert learning_rate(500, const) == 1e-3
-    with pytest.raises(ValueError, match="cosine decays over max_steps"):
-        TrainConfig(max_epochs=1, schedule="cosine")
+    inv, cos, lin, const = (TrainConfig(**base, schedule=s, min_lr=1e-5)
+                            for s in ("inverse_sqrt", "cosine", "linear", "constant"))
+    rates = {t.schedule: lr_sequence(t, 500) for t in (inv, cos, lin, const)}
+    for r in rates.values():
+        assert r[4] == pytest.approx(5e-4)  # update 5: linear warmup, shared
+        assert r[9] == pytest.approx(1e-3)  # update 10: the peak
+    assert rates["inverse_sqrt"][39] == pytest.approx(1e-3 * math.sqrt(10 / 40))
+    assert rates["cosine"][59] == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)  # half way from warmup to max_steps
+    assert rates["linear"][59] == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)
+    assert rates["linear"][34] == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.75)  # a quarter of the way
+    for s in ("cosine", "linear"):
+        assert rates[s][109] == pytest.approx(1e-5) and rates[s][499] == pytest.approx(1e-5)
+    assert rates["constant"][499] == 1e-3
+
+
+def test_decay_ends_where_the_first_budget_runs_out():
+    """With max_minutes, cosine and linear decay over the clock when it runs out before
+    max_steps: from the minute warmup ended to max_minutes."""
+    t = TrainConfig(lr=1e-3, warmup_steps=10, warmup_init_lr=0.0, max_steps=6000, max_minutes=10,
+                    schedule="linear", min_lr=0.0)
+    minutes = lambda step: 0.2 * step  # noqa: E731 (update 10 ends warmup at minute 2)
+    r = lr_sequence(t, 50, minutes)
+    assert r[9] == pytest.approx(1e-3)
+    assert r[29] == pytest.approx(1e-3 * 0.5)  # minute 6: half way from minute 2 to 10
+    assert r[49] == pytest.approx(0.0)  # minute 10
+    # the steps budget decides when it runs out first
+    fast = lr_sequence(t.model_copy(update={"max_steps": 30}), 30, lambda step: 0.001 * step)
+    assert fast[19] == pytest.approx(1e-3 * 0.5)  # update 20: half way from update 10 to 30
+    # and max_epochs when it does (100 batches an epoch, 1 epoch)
+    epoch = lr_sequence(t.model_copy(update={"max_steps": None, "max_minutes": None, "max_epochs": 1}), 100,
+                        batches=100)
+    assert epoch[54] == pytest.approx(1e-3 * 0.5)  # after 55 of 100 batches: half way from 10 to 100
 
 
 def test_average_last_checkpoints(tmp_path):

@@ -66,14 +66,50 @@ def inverse_sqrt_lr(step: int, lr: float, warmup: int, init_lr: float) -> float:
     return lr * math.sqrt(max(warmup, 1) / max(step, 1))
 
 
-def learning_rate(step: int, t: TrainConfig) -> float:
-    """The learning rate of update `step` (1-based): linear warmup, then the configured schedule."""
+def learning_rate(step: int, t: TrainConfig, used: float = 0.0, decay_from: float | None = None) -> float:
+    """The learning rate of update `step` (1-based): linear warmup, then the configured schedule.
+    `cosine` and `linear` decay to min_lr where the run ends: `used` is the share of its budget
+    spent (`budget_used`), `decay_from` the share spent when warmup ended."""
     if t.schedule == "inverse_sqrt" or (t.warmup_steps and step < t.warmup_steps):
         return inverse_sqrt_lr(step, t.lr, t.warmup_steps, t.warmup_init_lr)
     if t.schedule == "constant":
         return t.lr
-    progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))  # type: ignore[operator]
-    return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    start = 0.0 if decay_from is None else decay_from
+    progress = min(1.0, max(0.0, (used - start) / (1.0 - start))) if start < 1.0 else 1.0
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1.0 - progress
+    return t.min_lr + (t.lr - t.min_lr) * shape
+
+
+def budget_used(t: TrainConfig, step: int, epochs: float, minutes: float) -> float:
+    """The share of the run's budget spent after `step` updates, `epochs` epochs (fractional)
+    and `minutes` of training: of max_steps, max_epochs and max_minutes, whichever runs out
+    first (the budget that stops the run)."""
+    shares = [0.0]
+    if t.max_steps is not None:
+        shares.append(step / t.max_steps)
+    if t.max_epochs is not None:
+        shares.append(epochs / t.max_epochs)
+    if t.max_minutes is not None:
+        shares.append(minutes / t.max_minutes)
+    return min(1.0, max(shares))
+
+
+def update_lr(t: TrainConfig, state: TrainState, batches: BatchPlan) -> float:
+    """The learning rate of the next update, `state.step + 1`; records in `state` the share of
+    the budget spent when warmup ends, where the decay of `cosine` and `linear` starts. The
+    clock is rank 0's reading from `should_stop`, so every process takes the same rate."""
+    step = state.step + 1
+    if t.schedule in ("inverse_sqrt", "constant"):
+        return learning_rate(step, t)
+    used = budget_used(t, step, state.epoch + state.batch_in_epoch / max(len(batches), 1), state.minutes)
+    if state.decay_from is None and step >= t.warmup_steps:
+        if t.warmup_steps == 0:
+            state.decay_from = 0.0
+        elif step == t.warmup_steps:
+            state.decay_from = used
+        else:  # resumed from a checkpoint that did not record it: where a steps budget puts it
+            state.decay_from = t.warmup_steps / t.max_steps if t.max_steps else 0.0
+    return learning_rate(step, t, used, state.decay_from)
 
 
 def my_batches(update: list[np.ndarray], procs: Processes) -> tuple[list[np.ndarray], bool]:
@@ -233,8 +269,9 @@ def one_update(run: Run, state: TrainState, batches: BatchPlan) -> Outcome:
     # subword sampling is keyed by each batch's index in the epoch (rank + j * world)
     first += procs.rank if real else 0
     micro = [collate(run.data.train, b, (t.seed, state.epoch, first + j * procs.world)) for j, b in enumerate(mine)]
+    state.lr = update_lr(t, state, batches)
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(state.step + 1, t)
+        group["lr"] = state.lr
     optimizer.zero_grad(set_to_none=True)
     sums = accumulate_gradients(run.net, micro, 1.0 if real else 0.0, run.config, run.device, scaler, procs)
     if sums is not None:
@@ -278,7 +315,7 @@ def report_nonfinite(run: Run, state: TrainState) -> None:
 def log_progress(run: Run, state: TrainState, bar: tqdm) -> None:
     """Write the training record of the logging window that ends at this step; start the next."""
     now = time.time()
-    window, lr = state.window, learning_rate(state.step, run.config.train)
+    window, lr = state.window, state.lr
     tps = (window["tokens"] + window["src_tokens"]) / max(now - state.window_start, 1e-9)
     record = {
         "step": state.step,
@@ -343,6 +380,7 @@ def should_stop(run: Run, state: TrainState) -> bool:
     rank 0's reading decides for all (a collective, so this is asked once per update)."""
     t = run.config.train
     minutes = distributed.from_main(run.procs, state.seconds() / 60) if t.max_minutes else 0.0
+    state.minutes = minutes
     return (
         (t.patience is not None and state.since_best >= t.patience)
         or (t.max_steps is not None and state.step >= t.max_steps)

@@ -35,6 +35,7 @@ class TrainState:
     best: float = float("-inf")  # best validation score so far (higher is better)
     since_best: int = 0  # validations since the best one (the patience counter)
     elapsed: float = 0.0  # seconds trained before this process started its loop
+    decay_from: float | None = None  # share of the budget spent when warmup ended (cosine, linear)
     window: dict[str, float] = field(default_factory=new_window)
     counters: dict[str, int] = field(default_factory=new_counters)
     rngs: list[dict[str, Any]] = field(default_factory=list)  # each process's generators, at the last save
@@ -42,6 +43,8 @@ class TrainState:
     window_start: float = field(default_factory=time.time)
     consecutive_bad: int = 0  # non-finite updates in a row
     validated_at: int = 0  # the step of the last validation (or the start)
+    minutes: float = 0.0  # training minutes at the last stop check (rank 0's clock)
+    lr: float = 0.0  # the learning rate of the last update
 
     def seconds(self) -> float:
         """Training time so far, this process's and the saved runs' before it."""
@@ -57,6 +60,7 @@ class TrainState:
             "best": self.best,
             "since_best": self.since_best,
             "elapsed": self.seconds(),
+            "decay_from": self.decay_from,
             "window": self.window,
             "counters": self.counters,
         }
@@ -65,6 +69,7 @@ class TrainState:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.best, self.since_best, self.elapsed = state["best"], state["since_best"], state["elapsed"]
         self.window, self.counters = state["window"], state["counters"]
+        self.decay_from = state.get("decay_from")
         self.rngs = state.get("rng_ranks", [state["rng"]])
         self.validated_at = self.step
 
