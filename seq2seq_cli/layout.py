@@ -156,6 +156,25 @@ class RunLayout:
     def subdirs(self) -> list[Path]:
         return [self.root / name for name in SUBDIRS]
 
+    def owned_files(self) -> list[Path]:
+        """The files at the top of the run that the run owns: its config, lock, metrics and every
+        tokenizer or vocabulary file a run may hold."""
+        return [self.config, self.lock, self.metrics, self.root / JOINT_SPM, *self.spm_models(False),
+                *self.vocab_spm(), *self.vocab_files(False)]
+
+    def owner_of(self, path: Path) -> Path | None:
+        """The file or directory of this run that owns `path` (after links): one of `owned_files`, a
+        managed subdirectory (or a path under it), or the run directory itself; None for any other path,
+        such as a new file a user keeps beside the checkpoints (RUN/test.hyp.en)."""
+        target, root = Path(path).resolve(), self.root.resolve()
+        if target == root:
+            return self.root
+        for held in [*self.owned_files(), *self.subdirs]:
+            held_at = root / held.relative_to(self.root)
+            if target == held_at or held_at in target.parents:
+                return held
+        return None
+
     def is_run(self) -> bool:
         """Whether the directory holds a run's own files besides a config: checkpoints, metrics,
         a tokenizer or the lock."""

@@ -176,3 +176,18 @@ def test_decoding_flags_reach_the_translator_by_config_key(monkeypatch, tmp_path
         {"beam_size": 3, "top_p": 0.5, "ban_unk": False, "length_penalty_type": "gnmt"},
         {"no_repeat_ngram_size": 2},
     ]
+
+
+def test_train_written_to_a_file_logs_plain_lines_not_a_bar(tiny_config, tmp_path):
+    """stderr that is not a terminal (CliRunner's, like CI's or nohup's) gets one plain line every
+    log_every updates and no progress bar redraws; --no-progress gets neither."""
+    assert invoke("tokenize", "--config", tiny_config).exit_code == 0
+    r = invoke("train", "--config", tiny_config, "--set", "train.max_steps=6", "--set", "train.log_every=2",
+               "--set", "train.valid_every=6")
+    assert r.exit_code == 0, r.output
+    steps = [line for line in r.stderr.splitlines() if line.startswith("step ") and "tok/s" in line]
+    assert [line.split(":")[0] for line in steps] == ["step 2/6", "step 4/6", "step 6/6"], r.stderr
+    assert all("loss " in line and "lr " in line and " min" in line for line in steps)
+    assert "\r" not in r.stderr and "it/s" not in r.stderr and "step/s" not in r.stderr
+    r = invoke("train", "--config", tiny_config, "--set", "train.max_steps=8", "--resume", "--no-progress")
+    assert r.exit_code == 0 and "tok/s" not in r.stderr, r.stderr

@@ -5,6 +5,7 @@ arrives, option ranges, blank lines and byte-order marks, plots and signals, unk
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,13 +73,47 @@ def test_evaluate_refuses_a_symbolic_link_to_its_reference(run, tmp_path):
     assert ref.read_text(encoding="utf-8") == "hello\n"
 
 
-@pytest.mark.parametrize("name", ["spm.model", "config.yaml", "checkpoints/best.safetensors", "new.txt"])
-def test_translate_refuses_to_write_into_the_run(run, name):
+@pytest.mark.parametrize("name, owner", [("spm.model", "spm.model"), ("config.yaml", "config.yaml"),
+                                         ("metrics.jsonl", "metrics.jsonl"), ("checkpoints/best.safetensors", "checkpoints"),
+                                         ("checkpoints/x", "checkpoints"), ("cache/new.txt", "cache"), (".lock", ".lock")])
+def test_translate_refuses_to_write_a_path_the_run_owns(run, name, owner):
     target = run / name
-    before = target.read_bytes() if target.exists() else None
+    before = target.read_bytes() if target.is_file() else None
     r = runner.invoke(app, ["translate", "-m", str(run), "-o", str(target), "--no-progress"], input="hola\n")
-    one_error_line(r, f"{target}: is inside the model's run directory {run}; write the translation outside it")
-    assert (target.read_bytes() if target.exists() else None) == before
+    one_error_line(r, f"{target}: belongs to the model's run {run} ({owner}); write the translation to another file")
+    assert (target.read_bytes() if target.is_file() else None) == before
+
+
+@pytest.mark.parametrize("name", ["spm.model", "config.yaml", "checkpoints/x"])
+def test_evaluate_refuses_to_write_a_path_the_run_owns(run, name):
+    target = run / name
+    before = target.read_bytes() if target.is_file() else None
+    r = runner.invoke(app, ["evaluate", "-m", str(run), "--src", str(SHIPPED / "test.es"), "--ref", str(SHIPPED / "test.en"),
+                            "-o", str(target)])
+    one_error_line(r, f"{target}: belongs to the model's run {run}", "write the translations to another file")
+    assert (target.read_bytes() if target.is_file() else None) == before
+
+
+def test_a_new_file_beside_the_run_s_files_is_the_user_s(run, tmp_path):
+    """evaluate -o RUN/test.hyp.en writes there (as the quick start does); training with --resume or
+    --overwrite leaves such a file alone."""
+    run = Path(shutil.copytree(run, tmp_path / "copy"))
+    src, ref = tmp_path / "e.es", tmp_path / "e.en"
+    src.write_text("hola\nadiós\n", encoding="utf-8")
+    ref.write_text("hello\ngoodbye\n", encoding="utf-8")
+    hyp = run / "test.hyp.en"
+    r = runner.invoke(app, ["evaluate", "-m", str(run), "--src", str(src), "--ref", str(ref), "-o", str(hyp), "-b", "1"])
+    assert r.exit_code == 0, r.output
+    assert "BLEU|" in r.stdout and len(hyp.read_text(encoding="utf-8").splitlines()) == 2
+    r = runner.invoke(app, ["translate", "-m", str(run), "-o", str(run / "mine.txt"), "--no-progress"], input="hola\n")
+    assert r.exit_code == 0 and (run / "mine.txt").read_text(encoding="utf-8").count("\n") == 1
+    written = hyp.read_bytes()
+    for flag in ("--resume", "--overwrite"):
+        r = runner.invoke(app, ["train", "-c", str(run / "config.yaml"), flag, "--no-progress",
+                                "--set", "train.max_steps=5", "--set", "train.valid_every=5"])
+        assert r.exit_code == 0, r.output
+        assert hyp.read_bytes() == written, flag
+        assert (run / "mine.txt").is_file(), flag
 
 
 def test_translate_refuses_a_symbolic_link_to_its_input(run, tmp_path):

@@ -87,9 +87,9 @@ def test_translate_and_evaluate_take_several_models(runs, sentences, tmp_path):
     assert [line.split("\t")[0] for line in got] == expected
     r = runner.invoke(app, ["evaluate", *models, "--src", str(src), "--ref", str(ref), "--json", "-b", "3", "--max-len-b", "8"])
     assert r.exit_code == 0, r.output
-    # an output inside any member's run directory is refused
-    r = runner.invoke(app, ["translate", *models, "-i", str(src), "-o", str(runs[1] / "out.en")])
-    assert r.exit_code == 1 and "is inside the model's run directory" in r.stderr
+    # an output that any member's run owns is refused
+    r = runner.invoke(app, ["translate", *models, "-i", str(src), "-o", str(runs[1] / "metrics.jsonl")])
+    assert r.exit_code == 1 and f"belongs to the model's run {runs[1]} (metrics.jsonl)" in r.stderr
 
 
 class Pieces:

@@ -390,7 +390,7 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
         lambda ws: ["evaluate", "-m", ws / "run", "--src", ws / "in.txt", "--ref", ws / "ref.txt", "-o", ws / "ref.txt"],
         ["ref.txt: is the --ref file", "write the translations to another file"], 1),
     "output-in-run": (lambda ws: ["translate", "-m", ws / "run", "-o", ws / "run" / "spm.model"],
-                      ["spm.model: is inside the model's run directory", "write the translation outside it"], 1),
+                      ["spm.model: belongs to the model's run", "(spm.model); write the translation to another file"], 1),
     "average-managed-name": (lambda ws: ["average", "-m", ws / "run", "-o", ws / "run" / "checkpoints" / "best.safetensors"],
                              ["best.safetensors is a checkpoint the run manages (best, last, step-N)"], 1),
     "average-not-safetensors": (lambda ws: ["average", "-m", ws / "run", "-o", ws / "run" / "checkpoints" / "mine.json"],

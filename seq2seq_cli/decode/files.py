@@ -2,8 +2,10 @@
 
 An output file is refused when writing it would destroy something the command needs or a
 run holds: one of the command's inputs (the same path, a symbolic link to it or a hard
-link) or any path inside the run directory of the model (its tokenizer, config,
-checkpoints...). Outputs are checked before anything is translated.
+link) or a path the model's run owns (its tokenizer, config, lock, metrics, and everything in
+its checkpoints, cache, plots and tensorboard directories: `RunLayout.owner_of`). A new file
+beside them, such as RUN/test.hyp.en, is the user's and is written. Outputs are checked before
+anything is translated.
 
 Stdin is read in bytes and answered as it arrives: each chunk holds the complete lines
 already there (at least one, at most a chunk's worth), so a program that writes a line and
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.layout import RunLayout
 
 STDIN = "<stdin>"
 
@@ -38,15 +41,15 @@ def _same(a: Path, b: Path) -> bool:
 
 def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, what: str) -> None:
     """Refuse writing `what` (e.g. "the translation") to `output` when it is one of `inputs`
-    (the flag naming each input -> its path) or lies inside `run_dir` (the model's run)."""
+    (the flag naming each input -> its path) or is a path that `run_dir` (the model's run) owns."""
     for flag, path in inputs.items():
         if _same(output, path):
             raise UserError(f"{output}: is the {flag} file {path}; write {what} to another file")
     if run_dir is not None:
-        run = run_dir.resolve()
-        target = output.resolve()
-        if target == run or run in target.parents:
-            raise UserError(f"{output}: is inside the model's run directory {run_dir}; write {what} outside it")
+        owner = RunLayout(run_dir).owner_of(output)
+        if owner is not None:
+            raise UserError(f"{output}: belongs to the model's run {run_dir} ({owner.relative_to(run_dir) if owner != run_dir else 'the run directory'}); "
+                            f"write {what} to another file")
 
 
 def decode_line(raw: bytes, number: int, name: str = STDIN) -> str:

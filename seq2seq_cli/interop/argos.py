@@ -34,6 +34,7 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write
 from seq2seq_cli.interop.export import check_quantization, convert_ctranslate2
 from seq2seq_cli.languages import language_name
+from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run.checkpoint import resolve_checkpoint
 from seq2seq_cli.run.loaded import load_run
 
@@ -125,11 +126,11 @@ Install it with `argospm install {file}` or `argostranslate.package.install_from
 
 def check_output_file(out: Path, force: bool, run_dir: Path, ckpt: Path) -> None:
     """Refuse, before anything is converted, an output that would lose data: a directory, a
-    file of the run being exported, or any existing file without --force."""
+    path the exported run owns (`RunLayout.owner_of`), or any existing file without --force."""
     if out.is_dir():
         raise UserError(f"{out}: is a directory, expected a file name to write")
-    target = out.resolve()
-    if out.exists() and (target == ckpt.resolve() or target.is_relative_to(run_dir.resolve())):
+    owner = RunLayout(run_dir).owner_of(out)
+    if out.resolve() == ckpt.resolve() or owner is not None:
         raise UserError(f"{out}: is a file of the run being exported ({run_dir}); write elsewhere")
     if out.exists() and not force:
         raise UserError(f"{out}: already exists; use --force to overwrite")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import check_directory_target, replacing_dir
+from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run import runlock
 
 
@@ -29,6 +30,9 @@ def check_output_dir(out: Path, force: bool, inputs: Iterable[Path], what: str) 
         held = Path(given).resolve()
         if held == target or held.is_relative_to(target):
             raise UserError(f"{out}: holds the model being {what} ({held}); write into another directory")
+        owner = RunLayout(Path(given)).owner_of(out) if Path(given).is_dir() else None
+        if owner is not None:
+            raise UserError(f"{out}: belongs to the run {given} ({owner.relative_to(given)}); write into another directory")
     if not out.is_dir():
         return
     who = runlock.holder(out)

@@ -312,8 +312,9 @@ def report_nonfinite(run: Run, state: TrainState) -> None:
         )
 
 
-def log_progress(run: Run, state: TrainState, bar: tqdm) -> None:
-    """Write the training record of the logging window that ends at this step; start the next."""
+def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False) -> None:
+    """Write the training record of the logging window that ends at this step; start the next.
+    `plain`: also log it as one line (stderr is not a terminal, so there is no bar to show it)."""
     now = time.time()
     window, lr = state.window, state.lr
     tps = (window["tokens"] + window["src_tokens"]) / max(now - state.window_start, 1e-9)
@@ -330,6 +331,10 @@ def log_progress(run: Run, state: TrainState, bar: tqdm) -> None:
     if run.metrics is not None:
         run.metrics.write(record)
     bar.set_postfix(loss=f"{record['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}", refresh=False)
+    if plain:
+        total = f"/{run.config.train.max_steps}" if run.config.train.max_steps else ""
+        run.log(f"step {state.step}{total}: loss {record['train_loss']:.3f}, lr {lr:.2e}, {tps:,.0f} tok/s, "
+                f"{record['elapsed_s'] / 60:.1f} min")
     state.window, state.window_start = new_window(), now
 
 
@@ -425,7 +430,9 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         t = config.train
         state.started = state.window_start = time.time()
         run.model.train()
-        bar = tqdm(total=t.max_steps, initial=state.step, disable=not (progress and procs.main), unit="step",
+        # on a terminal a bar; written to a file (CI, nohup), a plain line every log_every updates instead
+        plain = progress and procs.main and not sys.stderr.isatty()
+        bar = tqdm(total=t.max_steps, initial=state.step, disable=not progress or not procs.main or plain, unit="step",
                    dynamic_ncols=True, file=sys.stderr)
         batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
         try:
@@ -440,7 +447,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                         elif outcome is Outcome.APPLIED:
                             bar.update(1)
                             if state.step % t.log_every == 0:
-                                log_progress(run, state, bar)
+                                log_progress(run, state, bar, plain)
                             if state.step % t.valid_every == 0:
                                 validate_and_save(run, state)
                     if state.batch_in_epoch >= len(batches):
