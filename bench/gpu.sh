@@ -3,8 +3,14 @@
 # writes OUT_DIR/STAGE.log (what ran and what it printed) and OUT_DIR/STAGE.json (figures and
 # the stage's status), plus at most a few more files.
 #
-#   bash bench/gpu.sh STAGE [OUT_DIR]     STAGE: check speed recipe curve decode all
+#   bash bench/gpu.sh STAGE [OUT_DIR]     STAGE: check speed recipe curve decode all quick
 #   SMOKE=1 bash bench/gpu.sh STAGE       the same plumbing on a CPU with tiny settings
+#
+# `quick` is the whole check in one command of QUICK_BUDGET_S seconds (540: it fits a 10-minute
+# call): check, eager speed, the recipe for the time left, the test BLEU of its best checkpoint,
+# then decoding against HF on that model. It writes 8 files: quick.log (every stage's log),
+# check.json, speed.json, recipe.json, metrics.jsonl, evaluate.json, decode.json and quick.json
+# (the figures side by side).
 #
 # OUT_DIR defaults to $OUT, else bench-gpu-out. `recipe` leaves its run in $RUN (default
 # runs/gpu-bible-es-en, ignored by git) for `curve` and `decode`; when the machine was given
@@ -45,12 +51,12 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 
 # ------------------------------------------------------------------------- helpers
 
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT_DIR/$STAGE.log"; }
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT_DIR/${LOG_NAME:-$STAGE}.log"; }
 
 # run CMD...: log the command, append its output to the log, return its exit status
 run() {
     log "\$ $*"
-    "$@" >>"$OUT_DIR/$STAGE.log" 2>&1
+    "$@" >>"$OUT_DIR/${LOG_NAME:-$STAGE}.log" 2>&1
     local rc=$?
     [ $rc -eq 0 ] || log "exit status $rc"
     return $rc
@@ -198,7 +204,7 @@ stage_speed() {
     # process each (compile time in the warm-up), so that a slow or failing compile costs only its own figure
     run timeout "${SPEED_EAGER_TIMEOUT_S:-120}" "$PYTHON" bench/train_speed.py "${shape[@]}" "${steps[@]}" --systems ours hf nn \
         --json "$TMP/eager.json" || { ok=0; note "eager run failed or timed out"; }
-    for system in ours hf; do
+    for system in ${SPEED_COMPILED-ours hf}; do
         run timeout "$timeout_s" "$PYTHON" bench/train_speed.py "${shape[@]}" "${steps[@]}" --systems $system \
             --compile $system --json "$TMP/compiled-$system.json" || { ok=0; note "compiled $system failed or timed out"; }
     done
@@ -274,7 +280,7 @@ stage_curve() {
                 head -n 40 $src >"$TMP/test.es"; head -n 40 $ref >"$TMP/test.en"; src=$TMP/test.es; ref=$TMP/test.en
             fi
             "$PYTHON" -m seq2seq_cli evaluate --model "$RUN" --src $src --ref $ref --beam-size 5 --device $DEVICE \
-                --json >"$TMP/evaluate.json" 2>>"$OUT_DIR/$STAGE.log" || { ok=0; note "evaluate failed"; }
+                --json >"$TMP/evaluate.json" 2>>"$OUT_DIR/${LOG_NAME:-$STAGE}.log" || { ok=0; note "evaluate failed"; }
             log "evaluate --model $RUN (best, else last), beam 5: $(cat "$TMP/evaluate.json")"
         else
             note "no time left for evaluate of the final model"
@@ -308,10 +314,55 @@ stage_decode() {
     write_json "$([ $ok = 1 ] && echo ok || echo failed)" decode="$TMP/decode.json"
 }
 
+# the whole check in one command: what a GPU lent for minutes can measure (see the header)
+stage_quick() {
+    local budget=${QUICK_BUDGET_S:-540} start reserve=${QUICK_RESERVE_S:-150} part left ok=1
+    start=$(date +%s)
+    [ "$SMOKE" = 1 ] && reserve=${QUICK_RESERVE_S:-60}
+    export LOG_NAME=quick
+    for part in check speed; do
+        STAGE=$part STAGE_START=$(date +%s) NOTES=()
+        log "quick: stage $part"
+        if [ $part = speed ]; then SPEED_COMPILED="" stage_speed; else stage_check; fi
+    done
+    # the recipe trains for the time left, less what evaluate and decode take after it
+    left=$((budget - ($(date +%s) - start) - reserve))
+    [ $left -lt 30 ] && left=30
+    STAGE=recipe STAGE_START=$(date +%s) NOTES=()
+    log "quick: stage recipe, $left s of training"
+    MINUTES=$("$PYTHON" -c "print(round($left / 60, 2))") RECIPE_CURVE=0 stage_recipe
+    STAGE=evaluate STAGE_START=$(date +%s) NOTES=()
+    local src=data/bible-es-en/test.es ref=data/bible-es-en/test.en
+    if have_run; then
+        if [ "$SMOKE" = 1 ]; then
+            head -n 40 $src >"$TMP/test.es"; head -n 40 $ref >"$TMP/test.en"; src=$TMP/test.es; ref=$TMP/test.en
+        fi
+        "$PYTHON" -m seq2seq_cli evaluate --model "$RUN" --src $src --ref $ref --beam-size 5 --device $DEVICE \
+            --json >"$TMP/evaluate.json" 2>>"$OUT_DIR/quick.log" || { ok=0; note "evaluate failed"; }
+        log "evaluate --model $RUN (best, else last), beam 5: $(cat "$TMP/evaluate.json")"
+    else
+        ok=0
+    fi
+    write_json "$([ $ok = 1 ] && echo ok || echo failed)" evaluate="$TMP/evaluate.json"
+    STAGE=decode STAGE_START=$(date +%s) NOTES=()
+    DECODE_REPEAT=${DECODE_REPEAT:-1} stage_decode
+    "$PYTHON" - "$OUT_DIR" "$(($(date +%s) - start))" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+parts = {p: json.loads((out / f"{p}.json").read_text()) if (out / f"{p}.json").is_file() else {"missing": True}
+         for p in ("check", "speed", "recipe", "evaluate", "decode")}
+summary = {"seconds": int(sys.argv[2]), "status": {p: v.get("status") for p, v in parts.items()}, "stages": parts}
+(out / "quick.json").write_text(json.dumps(summary, indent=1) + "\n")
+print(json.dumps(summary["status"]))
+EOF
+    log "quick: done in $(($(date +%s) - start)) s -> $OUT_DIR/quick.json"
+}
+
 # ------------------------------------------------------------------------- main
 
 case "$STAGE" in
-    check | speed | recipe | curve | decode)
+    check | speed | recipe | curve | decode | quick)
         install_wheels
         log "stage $STAGE (smoke=$SMOKE, python=$PYTHON, device=$DEVICE, run=$RUN)"
         "stage_$STAGE"
@@ -326,7 +377,7 @@ case "$STAGE" in
         done
         ;;
     *)
-        echo "usage: bash bench/gpu.sh check|speed|recipe|curve|decode|all [OUT_DIR]   (SMOKE=1: tiny, on CPU)" >&2
+        echo "usage: bash bench/gpu.sh check|speed|recipe|curve|decode|all|quick [OUT_DIR]   (SMOKE=1: tiny, on CPU)" >&2
         exit 2
         ;;
 esac

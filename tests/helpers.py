@@ -125,3 +125,64 @@ def corpora_config(tmp: Path, name: str, **train_overrides) -> Path:
     raw["data"]["valid"] = str(tmp / "a")  # a short validation keeps the runs quick
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     return path
+
+
+class HostSyncs:
+    """Counts, while active, the operations that make the host wait for the device on a GPU:
+    a tensor read into Python (item, tolist, bool, int, float, numpy, a copy to the CPU) and
+    the ops whose output size depends on values (nonzero, masked_select, boolean-mask indexing
+    and assignment, repeat_interleave without output_size, unique). On a CPU none of them
+    waits, but each one is a place that would: counting them here is how a test sees, without
+    a GPU, that a training update or a decoding step leaves the device alone.
+    `where` lists "op at file:line" of each, for the failure message."""
+
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"}
+    SIZED = {"nonzero", "masked_select", "_unique2", "unique_consecutive", "unique_dim", "argwhere"}
+
+    def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, "__name__", "")
+                if name in HostSyncs.READS and not (name == "cpu" and args and not args[0].is_cpu):
+                    counter.note(name)
+                return func(*args, **(kwargs or {}))
+
+        class Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func._overloadpacket.__name__
+                kwargs = kwargs or {}
+                if name in HostSyncs.SIZED or (name == "repeat_interleave" and kwargs.get("output_size") is None
+                                               and isinstance(args[0], torch.Tensor) and len(args) < 2):
+                    counter.note(name)
+                elif name in ("index", "index_put", "index_put_") and any(
+                        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] or ()):
+                    counter.note(f"{name}[bool mask]")
+                return func(*args, **kwargs)
+
+        self.modes = (Functions(), Dispatch())
+        self.where: list[str] = []
+
+    def note(self, name: str) -> None:
+        import traceback
+
+        frames = [f for f in traceback.extract_stack()[:-3] if "seq2seq_cli" in f.filename]
+        at = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+        self.where.append(f"{name} at {at}")
+
+    @property
+    def count(self) -> int:
+        return len(self.where)
+
+    def __enter__(self) -> HostSyncs:
+        for mode in self.modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for mode in reversed(self.modes):
+            mode.__exit__(*exc)

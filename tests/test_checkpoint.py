@@ -4,10 +4,12 @@ mismatched files, non-finite losses."""
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from helpers import assert_same, make_config, quiet, train_records
@@ -140,11 +142,16 @@ def test_nonfinite_losses_are_skipped_then_stop_training(tmp_path, monkeypatch):
     calls["n"] = 0
     monkeypatch.setattr(train_module, "label_smoothed_nll", lambda *a, **k: flaky(*a, **k, bad=frozenset(range(12, 99))))
     cfg = make_config(tmp_path, "stop", max_nonfinite=4)
-    with pytest.raises(UserError, match=r"non-finite loss or gradients in 4 consecutive batches"):
+    # every loss from the 12th on (validation's included) fails; the host reads the updates' tally
+    # every 3 updates (log_every) and at each save: it stops at the first reading with 4 in a row
+    with pytest.raises(UserError, match=r"non-finite loss or gradients in \d+ consecutive updates up to step \d+") as caught:
         train(load_config(cfg), progress=False, log=lambda _: None)
+    in_a_row, step = map(int, re.search(r"in (\d+) consecutive updates up to step (\d+)", str(caught.value)).groups())
+    assert 4 <= in_a_row < 4 + 3 and step % 3 == 0
     d = tmp_path / "stop" / "checkpoints"
     assert ckpt.verify_checkpoint(d, "last", need_state=True) is None
     assert json.loads((d / "last.json").read_text())["step"] == 7  # the last save before the failures
+    assert all(torch.isfinite(w).all() for w in load_file(str(d / "last.safetensors")).values())
 
 
 def test_fp16_overflow_is_handled_by_the_scaler_and_resume_stays_exact(tmp_path, monkeypatch):

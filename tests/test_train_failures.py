@@ -109,6 +109,7 @@ def test_nonfinite_stop_before_any_checkpoint_does_not_name_one(tmp_path, monkey
     monkeypatch.setattr(train_module, "label_smoothed_nll", nan_loss)
     r = runner.invoke(app, ["train", "-c", str(make_config(tmp_path, "run", max_nonfinite=2)), "--no-progress"])
     assert r.exit_code == 1
-    assert error_lines(r.stderr) == ["error: non-finite loss or gradients in 2 consecutive batches at step 1; stopped before "
+    # the host reads the updates' tally every log_every (3) updates: 3 skipped in a row by then
+    assert error_lines(r.stderr) == ["error: non-finite loss or gradients in 3 consecutive updates up to step 3; stopped before "
                                      "any checkpoint was saved; lower train.lr, raise train.warmup_steps or set train.clip_norm"]
     assert not (tmp_path / "run" / "checkpoints" / "last.safetensors").exists()

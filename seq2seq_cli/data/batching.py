@@ -285,18 +285,37 @@ def _sample(corpus: EncodedCorpus, index: np.ndarray, key: tuple[int, ...]) -> t
 class Batch:
     """One training or validation batch: src (B, S) ids+EOS, tgt_in (B, T) start+ids, tgt_out
     (B, T) ids+EOS, and the non-pad token counts of src and tgt_out (known from the lengths,
-    so nobody has to count them on the tensors)."""
+    so nobody has to count them on the tensors). `tgt_rows` (N,): the flat positions (in B*T)
+    of tgt_out that hold a target, N = tgt_tokens, also known from the lengths: the output
+    layer and the loss take those rows with an index, which on a GPU needs no host sync
+    (a boolean mask would)."""
 
     src: Tensor
     tgt_in: Tensor
     tgt_out: Tensor
     src_tokens: int
     tgt_tokens: int
+    tgt_rows: Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """The same batch with its tensors on `device`."""
-        src, tgt_in, tgt_out = (x.to(device, non_blocking=non_blocking) for x in (self.src, self.tgt_in, self.tgt_out))
-        return Batch(src, tgt_in, tgt_out, self.src_tokens, self.tgt_tokens)
+        """The same batch with its tensors on `device`; to a GPU with `non_blocking`, from pinned
+        memory, so the copy overlaps the work already queued."""
+        pin = non_blocking and torch.device(device).type == "cuda"
+
+        def move(x: Tensor) -> Tensor:
+            return (x.pin_memory() if pin else x).to(device, non_blocking=non_blocking)
+
+        rows = None if self.tgt_rows is None else move(self.tgt_rows)
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.src_tokens, self.tgt_tokens, rows)
+
+
+def target_rows(lengths: np.ndarray, width: int) -> Tensor:
+    """lengths (B,): targets per row (EOS counted) of a (B, width) batch -> (N,) flat positions
+    of those targets, row by row: row i's first lengths[i] positions."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.repeat(np.arange(len(lengths), dtype=np.int64) * width, lengths)
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return torch.from_numpy(starts + within)
 
 
 def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...] | None = None) -> Batch:
@@ -310,12 +329,15 @@ def collate(corpus: EncodedCorpus, index: np.ndarray, sample_key: tuple[int, ...
         src, tgt = _sample(corpus, index, sample_key)
         if corpus.release is not None:
             corpus.release()
-        return Batch(pad_batch(src, [], [EOS]), pad_batch(tgt, [corpus.decoder_start], []), pad_batch(tgt, [], [EOS]),
-                     sum(len(s) + 1 for s in src), sum(len(t) + 1 for t in tgt))
+        tgt_out = pad_batch(tgt, [], [EOS])
+        n = np.array([len(t) + 1 for t in tgt], dtype=np.int64)
+        return Batch(pad_batch(src, [], [EOS]), pad_batch(tgt, [corpus.decoder_start], []), tgt_out,
+                     sum(len(s) + 1 for s in src), int(n.sum()), target_rows(n, tgt_out.size(1)))
     src_lens, src_vals = _gather(corpus.table, "src_ids", index)
     tgt_lens, tgt_vals = _gather(corpus.table, "tgt_ids", index)
     if corpus.release is not None:
         corpus.release()
+    tgt_out = _pad_flat(tgt_lens, tgt_vals, False, True)
     return Batch(_pad_flat(src_lens, src_vals, False, True), _pad_flat(tgt_lens, tgt_vals, True, False, corpus.decoder_start),
-                 _pad_flat(tgt_lens, tgt_vals, False, True),
-                 int(src_lens.sum()) + len(index), int(tgt_lens.sum()) + len(index))
+                 tgt_out, int(src_lens.sum()) + len(index), int(tgt_lens.sum()) + len(index),
+                 target_rows(tgt_lens.astype(np.int64) + 1, tgt_out.size(1)))

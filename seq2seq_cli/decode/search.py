@@ -24,6 +24,16 @@ goes on as usual. Sentences with prefixes of different lengths, or none, share a
 output limit of a sentence is raised to its prefix's length where it is shorter, so the prefix
 is never cut; scores and log-probabilities include the prefix's tokens.
 
+The host and the device: a decoding step reads nothing back. Finished hypotheses (their
+tokens, log-probabilities and lengths) are written into buffers on the device
+(`FinishedBeams`), and a sentence that is done stays in the batch, ignored, until the host
+next looks (`look_every`): every step on a CPU, where looking costs nothing and finished
+sentences leave the batch at once, every `LOOK_EVERY` steps on a GPU, where each look waits
+for the device. A look reads which sentences are done, then the finished hypotheses of
+those, and drops them from the batch. Options that need the host at every step: sampling
+(each row draws from its own generator) and no_repeat_ngram_size (the n-grams are matched
+on the host).
+
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
 `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
     average (fairseq, HF, CTranslate2):  lp = |Y| ** alpha
@@ -111,11 +121,10 @@ def with_prefixes(limits: Tensor, prefix: Tensor | None) -> Tensor:
 
 def forced_tokens(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor | None:
     """The prefix token each decoder row (of sentence `sentences[row]`) must take at `step`,
-    -1 for none; None when no row has one."""
+    -1 for none; None once every prefix has ended (known on the host: no row has one)."""
     if prefix is None or step >= prefix.size(1):
         return None
-    forced = prefix[sentences, step]
-    return forced if bool((forced >= 0).any()) else None
+    return prefix[sentences, step]
 
 
 def step_log_probs(
@@ -164,12 +173,13 @@ def constrain(
     lprobs: Tensor, step: int, limits: Tensor, history: Tensor, opts: DecodeConfig, start_id: int,
     forced: Tensor | None = None,
 ) -> Tensor:
-    """The bans and forced tokens of `step_log_probs`, applied in place to log-probabilities (N, V)."""
+    """The bans and forced tokens of `step_log_probs`, applied in place to log-probabilities (N, V),
+    by masks over every row (no host sync: nothing depends on which rows they hit)."""
     if forced is not None:
-        rows = (forced >= 0).nonzero().squeeze(1)
-        tokens = forced[rows]
+        is_forced = (forced >= 0)[:, None]  # (N, 1)
+        tokens = forced.clamp(min=0)[:, None]  # (N, 1)
         # the model's own log-probability of the forced token, kept finite so the row stays alive
-        kept = lprobs[rows, tokens].clamp(min=torch.finfo(lprobs.dtype).min)
+        kept = lprobs.gather(1, tokens).clamp(min=torch.finfo(lprobs.dtype).min)  # (N, 1)
     eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
     lprobs[:, PAD] = NEG_INF
     lprobs[:, start_id] = NEG_INF
@@ -181,13 +191,12 @@ def constrain(
         for row, toks in enumerate(banned_ngram_tokens(history.tolist(), opts.no_repeat_ngram_size)):
             if toks:
                 lprobs[row, toks] = NEG_INF
-    force = step >= limits  # (N,)
-    if force.any():
-        lprobs[force] = NEG_INF
-        lprobs[force, EOS] = eos[force]
-    if forced is not None and rows.numel():
-        lprobs[rows] = NEG_INF
-        lprobs[rows, tokens] = kept
+    force = (step >= limits)[:, None]  # (N, 1): at the limit only EOS remains, with its own log-probability
+    lprobs.masked_fill_(force, NEG_INF)
+    lprobs[:, EOS] = torch.where(force[:, 0], eos, lprobs[:, EOS])
+    if forced is not None:
+        lprobs.masked_fill_(is_forced, NEG_INF)
+        lprobs.scatter_(1, tokens, torch.where(is_forced, kept, lprobs.gather(1, tokens)))
     return lprobs
 
 
@@ -222,47 +231,76 @@ def _draw(probs: Tensor, generators: list[torch.Generator]) -> Tensor:
     return torch.minimum(nxt, last)
 
 
+LOOK_EVERY = 8
+"""Decoding steps between the host's looks at a search on a GPU (see the module docstring)."""
+
+
+def look_every(device: torch.device) -> int:
+    """Steps between the host's looks: 1 on a CPU, `LOOK_EVERY` elsewhere."""
+    return 1 if device.type == "cpu" else LOOK_EVERY
+
+
+def output_room(limits: Tensor) -> int:
+    """The most output tokens any sentence may get (one read of the device per batch)."""
+    return int(limits.max()) if limits.numel() else 0
+
+
 @torch.inference_mode()
 def greedy_search(
     model: Decoder, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None,
-    prefix: Tensor | None = None,
+    prefix: Tensor | None = None, every: int | None = None,
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with the row's generator in
-    `generators` (B of them); `prefix` (B, P): forced prefixes (`prefix_tensor`)."""
+    `generators` (B of them); `prefix` (B, P): forced prefixes (`prefix_tensor`); `every`:
+    steps between the host's looks (default `look_every`)."""
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     B, device = src.size(0), src.device
+    every = every or look_every(device)
+    room = output_room(limits)
     state = start_state(model, src, B, limits)
     active = torch.arange(B, device=device)  # original row of each decoder row
+    rows_of = list(range(B))  # the same, on the host
+    alive = torch.ones(B, dtype=torch.bool, device=device)  # (N,) rows still decoding
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
-    totals = torch.zeros(B, device=device)
+    totals = torch.zeros(B, device=device)  # (N,) log-probability so far
+    ended_at = torch.full((B,), -1, dtype=torch.long, device=device)  # (N,) output length when EOS came
+    ended_total = torch.zeros(B, device=device)  # (N,) log-probability then
     results: list[Hypothesis | None] = [None] * B
     step = 0
-    while active.numel():
+    while rows_of:
         forced = forced_tokens(prefix, active, step)
         lprobs = step_log_probs(model, last, state, step, limits[active], history, opts, forced)
         if opts.sampling:
             if generators is None:
                 raise ValueError("sampling needs one generator per row")
             probs = _filter_for_sampling(lprobs, opts).softmax(dim=-1)
-            nxt = _draw(probs, [generators[i] for i in active.tolist()])  # (N,)
+            nxt = _draw(probs, [generators[i] for i in rows_of])  # (N,)
         else:
             nxt = lprobs.argmax(dim=-1)  # (N,)
-        totals[active] += lprobs.gather(1, nxt[:, None]).squeeze(1)
-        done = nxt == EOS
-        if done.any():
-            for row in done.nonzero().squeeze(1).tolist():
-                orig = int(active[row])
-                total = totals[orig].item()
-                penalty = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
-                results[orig] = Hypothesis(history[row].tolist(), total / penalty, total)
-            keep = (~done).nonzero().squeeze(1)
-            state.select(keep)
-            active, nxt, history = active[keep], nxt[keep], history[keep]
+        totals += lprobs.gather(1, nxt[:, None]).squeeze(1)
+        done = (nxt == EOS) & alive
+        ended_at = torch.where(done, step, ended_at)
+        ended_total = torch.where(done, totals, ended_total)
+        alive &= ~done
         history = torch.cat([history, nxt[:, None]], dim=1)
         last = nxt[:, None]
         step += 1
+        if step % every == 0 or step > room:  # the host looks: finished rows leave the batch
+            keep = [i for i, a in enumerate(alive.tolist()) if a]
+            if len(keep) == len(rows_of):
+                continue
+            gone = sorted(set(range(len(rows_of))) - set(keep))
+            lengths, scores, tokens = (x[gone].tolist() for x in (ended_at, ended_total, history))
+            for i, n, total, toks in zip(gone, lengths, scores, tokens):
+                penalty = length_penalty(n + 1, opts.length_penalty, opts.length_penalty_type)
+                results[rows_of[i]] = Hypothesis(toks[:n], total / penalty, total)
+            index = torch.tensor(keep, dtype=torch.long, device=device)
+            state.select(index)
+            active, alive, last, history, totals, ended_at, ended_total = (
+                x.index_select(0, index) for x in (active, alive, last, history, totals, ended_at, ended_total))
+            rows_of = [rows_of[i] for i in keep]
     return results  # type: ignore[return-value]
 
 
@@ -279,17 +317,62 @@ def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, 
     return state
 
 
+@dataclass
+class FinishedBeams:
+    """The hypotheses that ended, kept on the device until the host reads them: for each
+    sentence of the batch, up to 2K in the order they ended (at most K - 1 before its last
+    step, K more in it), and one slot more (2K) where the candidates that did not end go."""
+
+    log_prob: Tensor  # (b, 2K+1)
+    length: Tensor  # (b, 2K+1) output tokens, EOS not counted
+    tokens: Tensor  # (b, 2K+1, L) L = the longest output allowed
+    count: Tensor  # (b,) slots taken
+
+    @classmethod
+    def empty(cls, b: int, K: int, room: int, device: torch.device) -> FinishedBeams:
+        return cls(torch.full((b, 2 * K + 1), NEG_INF, device=device), torch.zeros((b, 2 * K + 1), dtype=torch.long, device=device),
+                   torch.zeros((b, 2 * K + 1, room), dtype=torch.long, device=device), torch.zeros(b, dtype=torch.long, device=device))
+
+    def add(self, ended: Tensor, log_prob: Tensor, tokens: Tensor, step: int) -> None:
+        """ended: (b, J) which candidates end here, log_prob: (b, J) theirs, tokens: (b, J, t) the
+        output they end (t = step tokens)."""
+        trash = self.log_prob.size(1) - 1
+        dest = torch.where(ended, self.count[:, None] + ended.long().cumsum(1) - 1, trash)  # (b, J)
+        self.log_prob.scatter_(1, dest, log_prob)
+        self.length.scatter_(1, dest, step)
+        if tokens.size(2):
+            self.tokens[:, :, : tokens.size(2)].scatter_(1, dest[:, :, None].expand_as(tokens), tokens)
+        self.count += ended.sum(1)
+
+    def select(self, index: Tensor) -> FinishedBeams:
+        return FinishedBeams(*(x.index_select(0, index) for x in (self.log_prob, self.length, self.tokens, self.count)))
+
+    def read(self, groups: list[int], opts: DecodeConfig) -> list[list[Hypothesis]]:
+        """The finished hypotheses of batch rows `groups`, in the order they ended (host reads)."""
+        index = torch.tensor(groups, dtype=torch.long, device=self.count.device)
+        counts, log_probs, lengths, tokens = (x.index_select(0, index).tolist()
+                                              for x in (self.count, self.log_prob, self.length, self.tokens))
+        out = []
+        for n, raws, lens, toks in zip(counts, log_probs, lengths, tokens):
+            out.append([Hypothesis(toks[j][: lens[j]], raws[j] / length_penalty(lens[j] + 1, opts.length_penalty,
+                                                                                 opts.length_penalty_type), raws[j])
+                        for j in range(n)])
+        return out
+
+
 @torch.inference_mode()
 def beam_search(
-    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, prefix: Tensor | None = None
+    model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, prefix: Tensor | None = None,
+    every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """src: (B, S) -> for each sentence its `nbest` hypotheses, best first; `prefix` (B, P):
-    forced prefixes (`prefix_tensor`).
+    forced prefixes (`prefix_tensor`); `every`: steps between the host's looks (default
+    `look_every`).
 
     Each step scores all k*V continuations of every sentence in one tensor program, keeps
     the top 2K so that beams ending in EOS do not starve the others, moves EOS candidates
-    ranked within the top K to the finished list, and continues with the best K others. A
-    sentence stops once it has K finished hypotheses. All K beams of a sentence start
+    ranked within the top K to the finished ones, and continues with the best K others. A
+    sentence is done once it has K finished hypotheses. All K beams of a sentence start
     identical, so the first step decodes one row per sentence (k = 1) and its K best
     continuations become the beams (k = K from then on). While a prefix is forced, a sentence
     has one live beam (the others score -inf); its beams spread once the prefix ends.
@@ -298,18 +381,23 @@ def beam_search(
     if not 1 <= nbest <= K:
         raise ValueError(f"nbest must be between 1 and beam_size ({K}), got {nbest}")
     B, device = src.size(0), src.device
+    every = every or look_every(device)
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
+    room = output_room(limits)
     state = start_state(model, src, B * K, limits)
     active = torch.arange(B, device=device)  # original sentence of each beam group
+    sentences = list(range(B))  # the same, on the host
+    alive = torch.ones(B, dtype=torch.bool, device=device)  # (b,) sentences still searching
     scores = torch.zeros((B, 1), device=device)  # (b, k) running log-probabilities
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
-    n_finished = torch.zeros(B, dtype=torch.long, device=device)  # (B,)
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    finished = FinishedBeams.empty(B, K, room, device)
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)  # (b*k, 1)
     step = 0
-    while active.numel():
+    while sentences:
         b, k = scores.shape
-        row_limits = limits[active].repeat_interleave(k)  # (b*k,)
+        sentence_limits = limits[active]  # (b,)
+        row_limits = sentence_limits.repeat_interleave(k)  # (b*k,)
         forced = forced_tokens(prefix, active.repeat_interleave(k), step) if prefix is not None else None
         lprobs = step_log_probs(model, last, state, step, row_limits, history, opts, forced)  # (b*k, V)
         V = lprobs.size(-1)
@@ -317,15 +405,10 @@ def beam_search(
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == EOS
-        ended = is_eos[:, :K] & top_scores[:, :K].isfinite()  # (b, K)
-        if ended.any():
-            lp = length_penalty(step + 1, opts.length_penalty, opts.length_penalty_type)
-            i, j = ended.nonzero().unbind(1)  # (E,) sentence in the batch, rank among candidates
-            sentences = active[i]
-            n_finished.index_add_(0, sentences, torch.ones_like(sentences))
-            ended_rows = i * k + top_beam[i, j]  # (E,) the row each ended hypothesis extends
-            for s, raw, toks in zip(sentences.tolist(), top_scores[i, j].tolist(), history[ended_rows].tolist()):
-                finished[s].append(Hypothesis(toks, raw / lp, raw))
+        first = top_scores[:, :K]  # (b, J) the candidates ranked within the top K, J <= K
+        ended = is_eos[:, :K] & first.isfinite() & alive[:, None]  # (b, J)
+        ended_tokens = history.view(b, k, step).gather(1, top_beam[:, :K, None].expand(b, first.size(1), step))  # (b, J, t)
+        finished.add(ended, first, ended_tokens, step)
         # The K best candidates that do not end here continue.
         cont_scores, pos = top_scores.masked_fill(is_eos, NEG_INF).topk(K, dim=1)  # (b, K)
         cont_beam, cont_tok = top_beam.gather(1, pos), top_tok.gather(1, pos)
@@ -334,15 +417,23 @@ def beam_search(
         state.reorder(rows)  # the first step's rows become K beams each
         state.group = K  # beams share their sentence's cross-attention keys/values
         scores, last = cont_scores, cont_tok.view(-1, 1)
-        done = (n_finished[active] >= K) | (step >= limits[active]) | ~cont_scores[:, 0].isfinite()  # (b,)
-        if done.any():
-            keep = (~done).nonzero().squeeze(1)  # (b',)
-            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)  # (b'*K,)
+        alive &= ~((finished.count >= K) | (step >= sentence_limits) | ~cont_scores[:, 0].isfinite())
+        step += 1
+        if step % every == 0 or step > room:  # the host looks: sentences done leave the batch
+            keep = [i for i, a in enumerate(alive.tolist()) if a]
+            if len(keep) == len(sentences):
+                continue
+            gone = sorted(set(range(len(sentences))) - set(keep))
+            for i, hyps in zip(gone, finished.read(gone, opts)):
+                results[sentences[i]] = hyps
+            index = torch.tensor(keep, dtype=torch.long, device=device)  # (b',)
+            keep_rows = (index[:, None] * K + torch.arange(K, device=device)).view(-1)  # (b'*K,)
             state.select(keep_rows)
             history, last = history.index_select(0, keep_rows), last.index_select(0, keep_rows)
-            scores, active = scores.index_select(0, keep), active.index_select(0, keep)
-        step += 1
-    return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]
+            scores, active, alive = scores.index_select(0, index), active.index_select(0, index), alive.index_select(0, index)
+            finished = finished.select(index)
+            sentences = [sentences[i] for i in keep]
+    return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in results]
 
 
 @torch.inference_mode()
@@ -364,7 +455,7 @@ def sample(
 
 def search(
     model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
-    prefixes: list[list[int]] | None = None,
+    prefixes: list[list[int]] | None = None, every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Sampling when asked (`lines`: the input line of each sentence, see `sample`), greedy
     search for beam size 1 and one output, beam search otherwise; `prefixes`: target ids each
@@ -372,12 +463,13 @@ def search(
 
     Always `nbest` hypotheses per sentence: where the output limit leaves fewer distinct
     outputs (a limit of 0 allows only the empty one), the missing ones are empty with score
-    and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input."""
+    and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input.
+    `every`: steps between the host's looks (default `look_every`: 1 on a CPU)."""
     prefix = prefix_tensor(prefixes, src.device)
     if opts.sampling:
         found = sample(model, src, opts, nbest, lines, prefix)
     elif opts.beam_size == 1 and nbest == 1:
-        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix)]
+        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix, every=every)]
     else:
-        found = beam_search(model, src, opts, nbest, prefix)
+        found = beam_search(model, src, opts, nbest, prefix, every)
     return [hyps + [NO_HYPOTHESIS] * (nbest - len(hyps)) for hyps in found]

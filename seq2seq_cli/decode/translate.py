@@ -19,6 +19,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -51,6 +52,18 @@ if TYPE_CHECKING:
 
 CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 PLOT_WARNING = 50  # sentences beyond which --attention-plots warns that it is slow
+SOLO_ROWS = 16  # decoder rows (sentences x beams) up to which a CPU decodes a lone batch on one thread
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to one in this thread meanwhile, then restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass
@@ -222,6 +235,12 @@ class Translator:
                 progress.update(len(batch))
 
         threads = torch.get_num_threads()
+        if self.device.type == "cpu" and len(batches) == 1 and len(batches[0]) * max(d.beam_size, nbest) <= SOLO_ROWS:
+            # a few sentences (a lone request, a line typed at stdin): one thread; the steps' matrices
+            # are too small to share, and the threads' handshakes per op cost more than they save
+            with one_thread():
+                decode(batches[0])
+            return out
         if self.device.type != "cpu" or threads == 1 or len(batches) == 1:
             for rows in batches:
                 decode(rows)

@@ -397,11 +397,11 @@ class Seq2SeqTransformer(nn.Module):
         return {"encoder": encoder, "decoder": decoder, "cross": cross}
 
     def forward(self, src: Tensor, tgt_in: Tensor, rows: Tensor | None = None) -> Tensor:
-        """src: (B, S), tgt_in: (B, T) -> logits (B, T, V); with `rows`, a bool (B, T) mask
-        (the positions that have a target), logits (N, V) of those N positions only: the
-        output layer and the loss skip the padding."""
+        """src: (B, S), tgt_in: (B, T) -> logits (B, T, V); with `rows` (N,), the flat positions
+        (in B*T) that have a target, logits (N, V) of those N positions only: the output layer
+        and the loss skip the padding. (An index, not a mask: it selects without a host sync.)"""
         h = self.features(src, tgt_in)
-        return self.logits(h if rows is None else h[rows])
+        return self.logits(h if rows is None else h.flatten(0, 1).index_select(0, rows))
 
     def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src: (B, S), tgt_in: (B, T) -> final decoder hidden states (B, T, D)."""

@@ -44,3 +44,18 @@ def averaged_copy(model: nn.Module, decay: float) -> AveragedModel:
 def restore_count(average: AveragedModel, updates: int) -> None:
     """After a resume: the average holds `updates` updates (its weights come from the checkpoint)."""
     average.n_averaged.fill_(updates)
+
+
+@torch.no_grad()
+def update_average(average: AveragedModel, model: nn.Module, step: int, decay: float) -> None:
+    """Move the average toward `model`'s parameters after update `step` (1-based; every update
+    taken is averaged, so the average holds step - 1 updates before this one): the first update
+    copies them. The weight comes from `step` on the host, so nothing is read from the device
+    (AveragedModel.update_parameters reads its count there at every call)."""
+    averaged = [p.detach() for p in average.module.parameters()]
+    current = [p.detach() for p in model.parameters()]
+    if step <= 1:
+        torch._foreach_copy_(averaged, current)
+    else:
+        torch._foreach_lerp_(averaged, current, 1.0 - effective_decay(decay, step))
+    average.n_averaged.add_(1)

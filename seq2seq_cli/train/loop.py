@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,11 @@ from seq2seq_cli.data.corpora import drawn_per_corpus
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.device import resolve_precision
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.ids import PAD
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
+from seq2seq_cli.train.ema import update_average
 from seq2seq_cli.train.loss import label_smoothed_nll
 from seq2seq_cli.train.metrics import plot_curves, read_metrics
 from seq2seq_cli.train.setup import Run, setup_run
@@ -129,33 +130,46 @@ def wrapped_ddp(model: nn.Module) -> DDP | None:
 
 
 def batch_loss(model: nn.Module, b: Batch, config: Config, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """(smoothed loss sum, nll sum, target tokens) of one batch. On a CPU the output layer and
-    the loss see the positions that have a target only (7% of a quick-start batch is
-    padding); on a GPU selecting them would wait for the device, so padding rows are scored
-    and ignored by the loss instead."""
-    rows = b.tgt_out != PAD if device.type == "cpu" else None
+    """(smoothed loss sum, nll sum, target tokens) of one batch. The output layer and the loss
+    see the positions that have a target only (7% of a quick-start batch is padding), taken
+    by the batch's index of them (`Batch.tgt_rows`), which needs no host sync on a GPU."""
+    rows = b.tgt_rows
     with autocast(device, config.train.precision):
         logits = model(b.src, b.tgt_in) if rows is None else model(b.src, b.tgt_in, rows)
-    return label_smoothed_nll(logits, b.tgt_out if rows is None else b.tgt_out[rows], config.train.label_smoothing)
+    target = b.tgt_out if rows is None else b.tgt_out.reshape(-1).index_select(0, rows)
+    return label_smoothed_nll(logits, target, config.train.label_smoothing)
+
+
+@dataclass
+class UpdateSums:
+    """One update's sums over all processes: `losses` (2,) the smoothed loss and the nll, on
+    the device (not read by the host); the token counts, known on the host from the lengths."""
+
+    losses: Tensor
+    tokens: int
+    src_tokens: int
 
 
 def accumulate_gradients(
     model: nn.Module, micro: list[Batch], weight: float, config: Config,
     device: torch.device, scaler: torch.amp.GradScaler, procs: Processes,
-) -> dict[str, float] | None:
+) -> UpdateSums:
     """Forward and backward over this process's batches of one update (gradient accumulation).
 
     The gradient is that of the label-smoothed loss summed over every target token of the
     update's batches on all processes, divided by their number, as if they were one batch:
     the token count is summed across processes, and DDP's averaging over the `world`
     processes is undone by scaling each loss by `world`. `weight` is 1, or 0 for a stand-in
-    batch. The host reads the device once, after the last backward. -> sums over all
-    processes for logging, or None (the update must be skipped) when a loss is not finite.
+    batch. Nothing is read from the device (but the token counts across processes, under
+    DDP): whether the losses are finite is the caller's to decide on the device.
     """
     tokens = float(sum(b.tgt_tokens for b in micro)) * weight
     src_tokens = float(sum(b.src_tokens for b in micro)) * weight
-    counts = torch.tensor([tokens, src_tokens], dtype=torch.float64, device=device if procs.world > 1 else "cpu")
-    total, all_src = distributed.sum_across(procs, counts).tolist()  # (NCCL sums device tensors only)
+    if procs.world > 1:
+        counts = torch.tensor([tokens, src_tokens], dtype=torch.float64, device=device)
+        total, all_src = distributed.sum_across(procs, counts).tolist()  # (NCCL sums device tensors only)
+    else:
+        total, all_src = tokens, src_tokens
     loss_sum = torch.zeros((), device=device)
     nll_sum = torch.zeros((), device=device)
     divisor = max(total, 1.0) / procs.world
@@ -169,10 +183,8 @@ def accumulate_gradients(
             scaler.scale(loss / divisor * weight).backward()
         loss_sum += loss.detach() * weight
         nll_sum += nll.detach() * weight
-    stats = distributed.sum_across(procs, torch.stack([loss_sum, nll_sum]).float()).tolist()
-    if not all(math.isfinite(v) for v in stats):
-        return None
-    return {"loss": stats[0], "nll": stats[1], "tokens": int(total), "src_tokens": int(all_src)}
+    losses = distributed.sum_across(procs, torch.stack([loss_sum, nll_sum]).float())
+    return UpdateSums(losses, int(total), int(all_src))
 
 
 def validation_bleu(
@@ -260,7 +272,13 @@ class Outcome(enum.Enum):
 
 def one_update(run: Run, state: TrainState, batches: BatchPlan) -> Outcome:
     """Take the next update's batches of this epoch's order, accumulate their gradients and
-    step the optimizer unless a loss or the gradient is not finite."""
+    step the optimizer unless a loss or the gradient is not finite.
+
+    Without a loss scaler nothing is read from the device: whether the update is finite is
+    decided there, the fused optimizer skips a non-finite one there (its `found_inf`), and
+    `run.tally` keeps the sums and the skips for the host to read every log_every updates
+    (`settle`). `state.step` counts the updates taken, a skipped one included. With fp16's
+    loss scaler the host reads the scaler's verdict at once (one sync an update)."""
     t, procs, optimizer, scaler = run.config.train, run.procs, run.optimizer, run.scaler
     first = state.batch_in_epoch
     update = batches[first : first + t.update_freq * procs.world]
@@ -274,55 +292,96 @@ def one_update(run: Run, state: TrainState, batches: BatchPlan) -> Outcome:
         group["lr"] = state.lr
     optimizer.zero_grad(set_to_none=True)
     sums = accumulate_gradients(run.net, micro, 1.0 if real else 0.0, run.config, run.device, scaler, procs)
-    if sums is not None:
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.clip_norm or float("inf"))
-        if scaler.is_enabled() and not torch.isfinite(grad_norm):
-            scaler.step(optimizer)  # skipped by the scaler, which lowers its scale
-            scaler.update()
-            state.counters["fp16_overflows"] += 1
-            return Outcome.FP16_OVERFLOW
-    if sums is None or not torch.isfinite(grad_norm):
+    if scaler.is_enabled():
+        return scaled_step(run, state, sums)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.clip_norm or float("inf"))
+    bad = ~(torch.isfinite(grad_norm) & torch.isfinite(sums.losses).all())  # () on the device
+    optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # the fused step skips the update there
+    optimizer.step()
+    optimizer.found_inf = None  # type: ignore[attr-defined]
+    state.step += 1
+    if run.average is not None:
+        update_average(run.average, run.model, state.step, run.config.train.ema_decay)
+    assert run.tally is not None
+    run.tally.add(sums.losses, sums.tokens, sums.src_tokens, bad)
+    return Outcome.APPLIED
+
+
+def scaled_step(run: Run, state: TrainState, sums: UpdateSums) -> Outcome:
+    """The optimizer step under fp16's loss scaler, which reads whether the gradients overflowed."""
+    optimizer, scaler = run.optimizer, run.scaler
+    losses = sums.losses.tolist()
+    if not all(math.isfinite(v) for v in losses):
         state.counters["skipped_nonfinite"] += 1
         state.consecutive_bad += 1
         return Outcome.NONFINITE
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.train.clip_norm or float("inf"))
+    if not torch.isfinite(grad_norm):
+        scaler.step(optimizer)  # skipped by the scaler, which lowers its scale
+        scaler.update()
+        state.counters["fp16_overflows"] += 1
+        return Outcome.FP16_OVERFLOW
     state.consecutive_bad = 0
     scaler.step(optimizer)
     scaler.update()
     state.step += 1
     if run.average is not None:
-        run.average.update_parameters(run.model)
-    for key in state.window:
-        state.window[key] += sums[key]
+        update_average(run.average, run.model, state.step, run.config.train.ema_decay)
+    for key, value in zip(("loss", "nll", "tokens", "src_tokens"), (*losses, sums.tokens, sums.src_tokens)):
+        state.window[key] += value
     return Outcome.APPLIED
 
 
+def settle(run: Run, state: TrainState) -> None:
+    """Read what the updates since the last reading did (one host sync): their sums go into
+    the logging window, skipped updates into the counters and a warning; after
+    train.max_nonfinite skipped in a row, the run stops."""
+    read = run.tally.read() if run.tally is not None else None
+    if read is None:
+        return
+    for key in ("loss", "nll", "tokens", "src_tokens"):
+        state.window[key] += read[key]
+    state.counters["skipped_nonfinite"] += int(read["skipped"])
+    state.consecutive_bad = int(read["in_a_row"])
+    if read["skipped"]:
+        run.log(f"warning: non-finite loss or gradients in {int(read['skipped'])} of the updates up to step "
+                f"{state.step}; skipped ({state.counters['skipped_nonfinite']} so far)")
+    if read["most_in_a_row"] >= run.config.train.max_nonfinite:
+        stop_nonfinite(run, state, int(read["most_in_a_row"]))
+
+
 def report_nonfinite(run: Run, state: TrainState) -> None:
-    """Warn about a skipped update; stop the run after train.max_nonfinite in a row."""
+    """Warn about a skipped update (fp16); stop the run after train.max_nonfinite in a row."""
     run.log(f"warning: non-finite loss or gradients at step {state.step + 1}; batch skipped "
             f"({state.counters['skipped_nonfinite']} so far)")
     if state.consecutive_bad >= run.config.train.max_nonfinite:
-        last = run.layout.last
-        saved = (f"stopped without saving, so {last} is the last good state" if last.is_file()
-                 else "stopped before any checkpoint was saved")
-        raise UserError(
-            f"non-finite loss or gradients in {state.consecutive_bad} consecutive batches at step {state.step + 1}; "
-            f"{saved}; "
-            "lower train.lr, raise train.warmup_steps or set train.clip_norm"
-        )
+        stop_nonfinite(run, state, state.consecutive_bad)
+
+
+def stop_nonfinite(run: Run, state: TrainState, in_a_row: int) -> None:
+    last = run.layout.last
+    saved = (f"stopped without saving, so {last} is the last good state" if last.is_file()
+             else "stopped before any checkpoint was saved")
+    raise UserError(
+        f"non-finite loss or gradients in {in_a_row} consecutive updates up to step {state.step}; "
+        f"{saved}; "
+        "lower train.lr, raise train.warmup_steps or set train.clip_norm"
+    )
 
 
 def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False) -> None:
     """Write the training record of the logging window that ends at this step; start the next.
     `plain`: also log it as one line (stderr is not a terminal, so there is no bar to show it)."""
+    settle(run, state)
     now = time.time()
     window, lr = state.window, state.lr
     tps = (window["tokens"] + window["src_tokens"]) / max(now - state.window_start, 1e-9)
     record = {
         "step": state.step,
         "epoch": state.epoch + 1,
-        "train_loss": window["loss"] / window["tokens"],
-        "train_nll": window["nll"] / window["tokens"],
+        "train_loss": window["loss"] / max(window["tokens"], 1),
+        "train_nll": window["nll"] / max(window["tokens"], 1),
         "lr": lr,
         "tokens_per_s": tps,
         "elapsed_s": state.elapsed + now - state.started,
@@ -341,6 +400,7 @@ def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False) ->
 def save(run: Run, state: TrainState, improved: bool) -> None:
     """Write a checkpoint (rank 0). Each process's RNG state is gathered, so that a resume with
     as many processes is exact."""
+    settle(run, state)
     state.rngs = distributed.gather_to_all(run.procs, rng_state())
     if not run.procs.main:
         return

@@ -63,7 +63,7 @@ from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import averaged_copy, restore_count
 from seq2seq_cli.train.memory import check_fits
 from seq2seq_cli.train.metrics import MetricsLog
-from seq2seq_cli.train.state import TrainState, set_rng_state
+from seq2seq_cli.train.state import DeviceTally, TrainState, set_rng_state
 
 
 def make_optimizer(model: nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -110,6 +110,7 @@ class Run:
     metrics: MetricsLog | None  # rank 0 only
     log: Callable[[str], None]
     average: torch.optim.swa_utils.AveragedModel | None = None  # the weights' moving average (train.ema_decay)
+    tally: DeviceTally | None = None  # the updates' sums and skips, on the device until read (set by setup_run)
 
     @property
     def scored(self) -> Seq2SeqTransformer:
@@ -363,5 +364,5 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     if metrics is not None and not resume:
         metrics.write({**data.record(), "device": str(device), "precision": resolve_precision(t.precision, device),
                        **({"cpu": cpu_description()} if device.type == "cpu" else {})})
-    return Run(config, procs, device, data, model, net, optimizer, scaler, metrics, log, average), state
+    return Run(config, procs, device, data, model, net, optimizer, scaler, metrics, log, average, DeviceTally(device)), state
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from seq2seq_cli.train.distributed import Processes
 
@@ -96,3 +97,37 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
+
+
+class DeviceTally:
+    """The sums of the updates since the host last read them, kept on the training device so
+    that an update reads nothing back: the smoothed loss, the nll and the token counts of the
+    updates applied, the updates skipped (a loss or the gradient not finite), the skipped ones
+    in a row now, and the most in a row since the last reading. `read()` is the one host sync."""
+
+    FIELDS = ("loss", "nll", "tokens", "src_tokens", "skipped", "in_a_row", "most_in_a_row")
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(len(self.FIELDS), dtype=torch.float64, device=device)
+        self.pending = False
+
+    def add(self, losses: Tensor, tokens: int, src_tokens: int, bad: Tensor) -> None:
+        """One update: `losses` (2,) its loss and nll sums, `bad` () whether it was skipped."""
+        skipped = bad.double()
+        kept = torch.where(bad, 0.0, losses.double())  # a skipped update's losses may be NaN
+        applied = 1.0 - skipped
+        in_a_row = (self.sums[5] + 1.0) * skipped
+        self.sums[:5] += torch.stack([kept[0], kept[1], applied * tokens, applied * src_tokens, skipped])
+        self.sums[5] = in_a_row
+        self.sums[6] = torch.maximum(self.sums[6], in_a_row)
+        self.pending = True
+
+    def read(self) -> dict[str, float] | None:
+        """What the updates since the last reading did (None when there were none); starts the next tally."""
+        if not self.pending:
+            return None
+        values = dict(zip(self.FIELDS, self.sums.tolist()))
+        self.sums[:5] = 0.0
+        self.sums[6] = self.sums[5]
+        self.pending = False
+        return values
