@@ -237,3 +237,41 @@ def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir
         torch.set_num_threads(threads)
     assert [[h.tokens for h in hs] for hs in side_by_side] == [[h.tokens for h in hs] for hs in one_at_a_time]
     assert [hs[0].score for hs in side_by_side] == pytest.approx([hs[0].score for hs in one_at_a_time], abs=1e-4)
+
+
+def test_a_lone_small_batch_decodes_on_one_thread_and_gives_the_threads_back(run_dir, sentences, monkeypatch):
+    """A lone sentence (a request to serve, a line at stdin) decodes with one intra-op thread;
+    a batch of more decoder rows than SOLO_ROWS keeps the threads; the result is the same."""
+    import torch
+
+    import seq2seq_cli.decode.search as search_module
+    import seq2seq_cli.decode.translate as translate_module
+
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 4})
+    seen: list[int] = []
+    real_search = translate_module.search
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_search(*args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "search", recording)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        alone = tr.translate_hypotheses(sentences[:1])
+        assert seen == [1] and torch.get_num_threads() == 2
+        rows = translate_module.SOLO_ROWS // 4 + 1  # sentences x beam 4 over SOLO_ROWS, one batch
+        tr.translate_hypotheses(sentences[:rows])
+        assert seen == [1, 2]
+        torch.set_num_threads(2)
+        shared = search_module.search(tr.model, pad_ids(tr, sentences[:1]), tr.decode)
+    finally:
+        torch.set_num_threads(threads)
+    assert [h.tokens for h in alone[0]] == [h.tokens for h in shared[0]]
+
+
+def pad_ids(tr, lines):
+    from seq2seq_cli.data.batching import pad_batch
+
+    return pad_batch(tr.encode(lines), [], [])
