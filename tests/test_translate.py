@@ -239,39 +239,44 @@ def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir
     assert [hs[0].score for hs in side_by_side] == pytest.approx([hs[0].score for hs in one_at_a_time], abs=1e-4)
 
 
-def test_a_lone_small_batch_decodes_on_one_thread_and_gives_the_threads_back(run_dir, sentences, monkeypatch):
-    """A lone sentence (a request to serve, a line at stdin) decodes with one intra-op thread;
-    a batch of more decoder rows than SOLO_ROWS keeps the threads; the result is the same."""
+def test_on_cpu_threads_each_decode_a_batch_of_their_own_and_a_lone_sentence_one_thread(run_dir, sentences, monkeypatch):
+    """With 2 threads, 5 sentences that fit one batch are cut in two, decoded side by side with one
+    thread each; a lone sentence (a request to serve, a line at stdin) decodes on one thread; the
+    threads are given back and the results equal those of one thread."""
     import torch
 
-    import seq2seq_cli.decode.search as search_module
     import seq2seq_cli.decode.translate as translate_module
 
     tr = Translator.load(run_dir, "cpu", {"beam_size": 4})
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     real_search = translate_module.search
 
-    def recording(*args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return real_search(*args, **kwargs)
+    def recording(model, src, *args, **kwargs):
+        seen.append((src.size(0), torch.get_num_threads()))
+        return real_search(model, src, *args, **kwargs)
 
     monkeypatch.setattr(translate_module, "search", recording)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         alone = tr.translate_hypotheses(sentences[:1])
-        assert seen == [1] and torch.get_num_threads() == 2
-        rows = translate_module.SOLO_ROWS // 4 + 1  # sentences x beam 4 over SOLO_ROWS, one batch
-        tr.translate_hypotheses(sentences[:rows])
-        assert seen == [1, 2]
-        torch.set_num_threads(2)
-        shared = search_module.search(tr.model, pad_ids(tr, sentences[:1]), tr.decode)
+        assert seen == [(1, 1)] and torch.get_num_threads() == 2
+        five = tr.translate_hypotheses(sentences[:5])
+        assert sorted(seen[1:]) == [(2, 1), (3, 1)] and torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        one = tr.translate_hypotheses(sentences[:5])
+        assert seen[3:] == [(5, 1)]
     finally:
         torch.set_num_threads(threads)
-    assert [h.tokens for h in alone[0]] == [h.tokens for h in shared[0]]
+    assert [[h.tokens for h in hs] for hs in five] == [[h.tokens for h in hs] for hs in one]
+    assert alone[0][0].tokens == one[0][0].tokens
 
 
-def pad_ids(tr, lines):
-    from seq2seq_cli.data.batching import pad_batch
+def test_spread_cuts_the_largest_batch_until_each_thread_has_one():
+    from seq2seq_cli.decode.translate import spread
 
-    return pad_batch(tr.encode(lines), [], [])
+    assert spread([[0, 1, 2, 3, 4]], 2) == [[0, 1], [2, 3, 4]]
+    assert spread([[0], [1, 2, 3, 4]], 4) == [[0], [1], [2], [3, 4]]
+    assert spread([[0]], 2) == [[0]]
+    assert spread([[0, 1], [2, 3]], 2) == [[0, 1], [2, 3]]
+    assert spread([], 2) == []

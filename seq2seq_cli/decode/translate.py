@@ -52,7 +52,20 @@ if TYPE_CHECKING:
 
 CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 PLOT_WARNING = 50  # sentences beyond which --attention-plots warns that it is slow
-SOLO_ROWS = 16  # decoder rows (sentences x beams) up to which a CPU decodes a lone batch on one thread
+
+
+def spread(batches: list[list[int]], threads: int) -> list[list[int]]:
+    """Batches (of line indices, sorted by length) cut so that `threads` threads have one each
+    where there are fewer: the one of most lines is halved, in its order, until there are
+    enough or every batch holds one line."""
+    batches = list(batches)
+    while len(batches) < threads:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]), default=None)
+        if largest is None or len(batches[largest]) < 2:
+            break
+        batch = batches.pop(largest)
+        batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+    return batches
 
 
 @contextmanager
@@ -235,19 +248,19 @@ class Translator:
                 progress.update(len(batch))
 
         threads = torch.get_num_threads()
-        if self.device.type == "cpu" and len(batches) == 1 and len(batches[0]) * max(d.beam_size, nbest) <= SOLO_ROWS:
-            # a few sentences (a lone request, a line typed at stdin): one thread; the steps' matrices
-            # are too small to share, and the threads' handshakes per op cost more than they save
-            with one_thread():
-                decode(batches[0])
-            return out
-        if self.device.type != "cpu" or threads == 1 or len(batches) == 1:
+        if self.device.type != "cpu" or threads == 1:
             for rows in batches:
                 decode(rows)
             return out
         # On CPU the threads decode batches side by side, one thread each: the matrices of a
-        # decoding step are too small to keep several threads busy on one of them.
-        pool = ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,))
+        # decoding step are too small to keep several threads busy on one of them, and their
+        # handshakes at every op cost more than they save (a lone sentence too decodes on one).
+        batches = spread(batches, threads)
+        if len(batches) == 1:
+            with one_thread():
+                decode(batches[0])
+            return out
+        pool = ThreadPoolExecutor(min(threads, len(batches)), initializer=torch.set_num_threads, initargs=(1,))
         try:
             list(pool.map(decode, batches))
         finally:
