@@ -61,7 +61,7 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
         app.include_router(router)
         state.routes += [route for route in router.routes if isinstance(route, APIRoute)]
     for route in state.routes:
-        if "GET" in route.methods:
+        if route.methods is not None and "GET" in route.methods:
             route.methods.add("HEAD")  # answered as a GET, the server leaving out the body
     return app
 

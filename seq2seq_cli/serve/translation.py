@@ -89,7 +89,8 @@ async def v1_translate(request: Request) -> JSONResponse:
     state, data = await read_request(request)
     unknown = [k for k in data if k not in V1_KEYS and k not in REQUEST_DECODE_KEYS]
     if unknown:
-        raise RequestError(400, f"unknown field {clip(repr(unknown[0]))}; known fields: {', '.join(V1_KEYS + REQUEST_DECODE_KEYS)}")
+        known = ", ".join(V1_KEYS + REQUEST_DECODE_KEYS)
+        raise RequestError(400, f"unknown field {clip(repr(unknown[0]))}; known fields: {known}")
     if data.get("q") is None:
         raise RequestError(400, "Invalid request: missing q parameter")
     texts = texts_of(data["q"])
