@@ -10,7 +10,8 @@ the decoding options of `translate`, health, metrics and the web page.
 
 The routes live in routers (`translation.py`, `status.py`), each reaching the one `AppState`
 with `app_state(request)` and reading its body with `parse.read_body`; a new group of routes
-is one more router in ROUTERS. HEAD is answered wherever GET is, without a body.
+is one more router in ROUTERS, its routes carrying their full paths (the metrics count by
+them). HEAD is answered wherever GET is, without a body.
 
 Every error is answered as {"error": "one line"} with its status: 400 bad request, 403 API key,
 413 too large, 503 queue full (with Retry-After), 504 timeout, 500 anything else; never a traceback.
@@ -53,6 +54,7 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, title="seq2seq")
     app.state.serve = state
+    app.state.batcher = state.batcher
     app.add_exception_handler(RequestError, request_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, internal_error)
