@@ -260,7 +260,7 @@ def translate(
 @user_errors
 @decode_options
 def serve(
-    model: ModelOpt,
+    model: Annotated[list[Path], typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint) or a checkpoint file.")],
     host: Annotated[str, typer.Option("--host", help="Address to listen on; the default answers this machine only (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="TCP port to listen on.")] = 5000,
     batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it (only while several clients are being served).")] = 5.0,
@@ -282,8 +282,11 @@ def serve(
     except ImportError as exc:
         raise UserError(f"serve needs the serve extra ({exc.name} is missing): pip install 'seq2seq[serve]'") from None
 
+    if len(model) > 1:
+        given = ", ".join(str(m) for m in model)
+        raise UserError(f"--model is given {len(model)} times ({given}); serve takes one model (API keys are given with --api-keys FILE)")
     settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching)
-    run_server(model, device, decode, host, port, settings, api_keys, tag)
+    run_server(model[0], device, decode, host, port, settings, api_keys, tag)
 
 
 @app.command()

@@ -279,6 +279,51 @@ def test_argos_package_installs_and_translates_offline_as_ours(run_dir, tmp_path
     assert got["beam4"] == ours["beam4"], (text, got, ours)
 
 
+# Put first on the path of the README's snippet: every network connection is refused and
+# recorded in the file $NETWORK_LOG.
+REFUSE_NETWORK = r"""
+import os, socket
+def refuse(*args, **kwargs):
+    with open(os.environ["NETWORK_LOG"], "a") as log:
+        log.write(repr(args[1:2]) + "\n")
+    raise OSError("network use refused by the test")
+socket.socket.connect = refuse
+socket.getaddrinfo = refuse
+"""
+
+
+def test_readme_argos_snippet_fetches_nothing(run_dir, tmp_path):
+    """The README's snippet, run as written on the package `export` wrote, translates without
+    a network connection tried and without an error printed."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in readme.split("```")[1::2] if "install_from_path" in b)
+    export_line, snippet = block.strip().split("\n", 1)
+    assert export_line.startswith("seq2seq export --model runs/quickstart --format argos es_en.argosmodel")
+    *assignments, python, flag, code = shlex.split(snippet)
+    assert (python, flag) == ("python", "-c")
+    r = CliRunner().invoke(app, ["export", "--model", str(run_dir), "--format", "argos", str(tmp_path / "es_en.argosmodel")])
+    assert r.exit_code == 0, r.output
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REFUSE_NETWORK, encoding="utf-8")
+    log = tmp_path / "network.log"
+    env = {k: v for k, v in _argos_env(tmp_path).items() if k != "ARGOS_CHUNK_TYPE"}
+    env.update(dict(a.split("=", 1) for a in assignments), PYTHONPATH=str(site), NETWORK_LOG=str(log))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    if "No module named 'argostranslate'" in proc.stderr:
+        pytest.skip("argostranslate is not installed (pip install -e '.[argos]')")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not log.exists(), log.read_text()
+    assert "HTTPSConnectionPool" not in proc.stdout + proc.stderr and "rror" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.stdout.strip(), proc.stderr  # the translation
+    assert os.listdir(tmp_path / "argos-packages") == ["translate-es_en-1_0"]
+
+
 # The rows of docs/errors.md, section "Argos packages", each checked below.
 ARGOS_CASES = {"argos-output-exists", "argos-output-directory", "argos-output-in-run", "argos-vocabulary-file",
                "argos-separate-tokenizers"}

@@ -288,8 +288,24 @@ BAD = {
     "serve-wrong-key": ("/translate", {"q": "hola", "source": "es", "target": "en", "api_key": "guess"}, "application/json", 403,
                         "Invalid API key"),
     "serve-not-found": ("/nope", None, "application/json", 404, "Not Found"),
+    "serve-text-surrogate": ("/translate", {"q": "hola \ud800", "source": "es", "target": "en"}, "application/json", 400,
+                             "Invalid request: q holds a lone surrogate (U+D800), which is not text; send valid Unicode"),
+    "serve-text-surrogate-v1": ("/v1/translate", {"q": ["hola", "adiós \udfff"]}, "application/json", 400,
+                                "Invalid request: q[1] holds a lone surrogate (U+DFFF), which is not text; send valid Unicode"),
+    "serve-prefix-surrogate": ("/v1/translate", {"q": "hola", "prefix": "The \ud800"}, "application/json", 400,
+                               "Invalid request: prefix holds a lone surrogate (U+D800), which is not text; send valid Unicode"),
+    "serve-name-surrogate": ("/translate", {"q": "hola", "source": "es", "target": "en", "x\ud800": 1}, "application/json", 400,
+                             "Invalid request: a field name holds a lone surrogate (U+D800), which is not text; send valid Unicode"),
+    "serve-beam-over-vocabulary": ("/v1/translate", {"q": "hola", "beam_size": 100000}, "application/json", 400,
+                                   "beam_size 100000: larger than the target vocabulary (300 tokens)"),
+    "serve-nested-too-deep": ("/v1/translate", '{"q": ' + "[" * 5000 + "]" * 5000 + "}", "application/json", 400,
+                              "Invalid request: the body nests JSON more than 32 levels deep"),
+    "serve-number-too-long": ("/v1/translate", '{"q": "hola", "beam_size": 1' + "0" * 5000 + "}", "application/json", 400,
+                              "Invalid request: the body is not valid JSON (a number of more than 4300 digits)"),
+    "serve-key-type": ("/translate", {"q": "hola", "source": "es", "target": "en", "api_key": ["secret1"]}, "application/json",
+                       400, "Invalid request: api_key must be a string (got a list)"),
 }
-KEYLESS = ("serve-no-key", "serve-wrong-key", "serve-not-found")
+KEYLESS = ("serve-no-key", "serve-wrong-key", "serve-not-found", "serve-key-type")
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -302,6 +318,68 @@ def test_bad_request_gets_one_clear_error(server, case):
     raw = None if body is None else (json.dumps(body) if isinstance(body, dict) else body).encode()
     got_status, _, got = server.request(path, raw, kind, headers={} if case in KEYLESS else {"X-API-Key": KEY})
     assert (got_status, got) == (status, {"error": message})
+
+
+def test_head_answers_as_get_without_a_body(server):
+    """Load balancers and uptime checks send HEAD: every GET route answers it, 200 and no body."""
+    for path in ("/", "/health", "/languages", "/metrics"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), (path, head)
+        assert rest == b"", path
+
+
+def test_metrics_stay_bounded_under_random_paths(run_dir):
+    """Unknown paths are counted under one label, in the JSON and in the Prometheus text: a
+    client cannot grow the server's memory by asking for new paths."""
+    from fastapi.testclient import TestClient
+
+    translator = Translator.load(run_dir, "cpu")
+    with TestClient(create_app(translator, ServeSettings())) as client:
+        for i in range(1000):
+            assert client.get(f"/x{i}/{os.urandom(4).hex()}").status_code == 404
+        client.post("/nope", json={})
+        client.get("/health")
+        figures = client.get("/metrics").json()
+        text = client.get("/metrics?format=prometheus").text
+    assert figures["requests"] == {"other": 1001, "/health": 1, "/metrics": 1}
+    assert len(text) < 2000 and text.count("seq2seq_requests_total{") == 3
+    assert 'seq2seq_requests_total{path="other"} 1001' in text
+
+
+# Values of every kind for every field: none of them may give a 500 (or a traceback).
+HOSTILE = [None, True, False, -1, 0, 10**30, 1e308, float("nan"), "", "x", "hola \ud800", [], ["x"], [3], {}, {"a": [1]},
+           [[["deep"]]], "1" * 5000]
+
+
+def test_no_json_input_gets_500(run_dir):
+    from fastapi.testclient import TestClient
+
+    from seq2seq_cli.serve.app import REQUEST_DECODE_KEYS, V1_KEYS
+
+    translator = Translator.load(run_dir, "cpu", {"beam_size": 2, "max_len_b": 4, "max_len_a": 0})
+    requests: list[tuple[str, dict]] = []
+    base = {"q": "hola", "source": "es", "target": "en"}
+    for name in ("q", "source", "target", "format", "alternatives", "api_key"):
+        requests += [("/translate", {**base, name: v}) for v in HOSTILE]
+    for name in V1_KEYS + REQUEST_DECODE_KEYS:
+        requests += [("/v1/translate", {"q": "hola", name: v}) for v in HOSTILE]
+    requests += [("/v1/translate", {"q": "hola", "sampling": True, "top_k": k}) for k in (100000, 10**30)]
+    requests += [("/v1/translate", {"q": "hola", **extra}) for extra in (
+        {"sampling": True, "temperature": 0.001}, {"no_repeat_ngram_size": 10**6}, {"beam_size": 300, "nbest": 64},
+        {"seed": 2**64}, {"seed": -(2**70)}, {"min_len": 10**6}, {"min_len": 3, "max_len_b": 2, "max_len_a": 0})]
+    with TestClient(create_app(translator, ServeSettings()), raise_server_exceptions=False) as client:
+        for path, body in requests:
+            raw = json.dumps(body).encode()  # lone surrogates as \ud800 escapes, NaN as NaN
+            r = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code in (200, 400, 403, 413), (path, body, r.status_code, r.text)
+            answer = r.json()
+            if r.status_code != 200:
+                assert set(answer) == {"error"} and len(answer["error"]) < 400, (path, body, answer)
 
 
 def test_api_key_in_a_header_or_the_body(server):
@@ -355,6 +433,9 @@ START = {
     "serve-keys-missing": (["--model", "{run}", "--api-keys", "{tmp}/keys.txt"], "error: {tmp}/keys.txt: API keys file not found (expected one key per line)"),
     "serve-keys-empty": (["--model", "{run}", "--api-keys", "{tmp}/empty.txt"], "error: {tmp}/empty.txt: no API keys in it (expected one key per line)"),
     "serve-port-in-use": (["--model", "{run}", "--port", "{port}"], "error: 127.0.0.1:{port}: cannot listen there (Address already in use); choose another --port or --host"),
+    "serve-keys-directory": (["--model", "{run}", "--api-keys", "{tmp}"], "error: {tmp}: is a directory, expected a file of API keys (one key per line)"),
+    "serve-model-twice": (["--model", "{run}", "--model", "{tmp}/empty.txt"], "error: --model is given 2 times ({run}, {tmp}/empty.txt); serve takes one model (API keys are given with --api-keys FILE)"),
+    "serve-model-not-checkpoint": (["--model", "{tmp}/empty.txt"], "error: {tmp}/empty.txt: not a checkpoint (expected a run directory, or a .safetensors checkpoint in its checkpoints/)"),
 }
 
 

@@ -186,6 +186,9 @@ def resolve_checkpoint(model_path: str | Path) -> tuple[Path, Path]:
         raise UserError(f"{p}: no {CHECKPOINTS}/{layout.best.name} or {CHECKPOINTS}/{layout.last.name}; "
                         "is it a trained run directory?")
     if p.is_file():
+        if p.suffix != ".safetensors":
+            raise UserError(f"{p}: not a checkpoint "
+                            f"(expected a run directory, or a .safetensors checkpoint in its {CHECKPOINTS}/)")
         if p.parent.name != CHECKPOINTS:
             raise UserError(
                 f"{p}: a checkpoint file is used from its run directory (RUN/{CHECKPOINTS}/{p.name}), "

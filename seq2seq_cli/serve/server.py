@@ -29,9 +29,15 @@ class _Server(uvicorn.Server):
 
 def read_api_keys(path: Path) -> frozenset[str]:
     """One key per line; blank lines and lines starting with # are skipped."""
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected a file of API keys (one key per line)")
     if not path.is_file():
         raise UserError(f"{path}: API keys file not found (expected one key per line)")
-    keys = frozenset(k.strip() for k in path.read_text(encoding="utf-8").splitlines() if k.strip() and not k.startswith("#"))
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: invalid UTF-8 at byte {exc.start} (expected one key per line)") from None
+    keys = frozenset(k.strip() for k in text.splitlines() if k.strip() and not k.startswith("#"))
     if not keys:
         raise UserError(f"{path}: no API keys in it (expected one key per line)")
     return keys

@@ -1,0 +1,220 @@
+"""Reading and checking a request of `seq2seq serve`: its body (JSON or a form) and its fields.
+Every problem is a `RequestError`, answered as {"error": "one line"} with its status; a JSON
+value of any kind in any field gets such an answer, never a 500."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.serve.state import AppState
+
+# The decoding options a request may set; batch_tokens, precision and quantize belong to the
+# server (the model is loaded with them) and are set on the `serve` command line; requests
+# carry no constraints, so constraint_beam_size is not theirs either.
+REQUEST_DECODE_KEYS = [k for k in DecodeConfig.model_fields
+                       if k not in ("batch_tokens", "precision", "quantize", "constraint_beam_size")]
+V1_KEYS = ["q", "source", "target", "api_key", "nbest", "alignment", "attention", "prefix"]
+MAX_DEPTH = 32  # JSON objects and lists inside each other; a request needs 2 (an object holding q's list)
+
+
+class RequestError(Exception):
+    """An answer other than 200: status, one-line message, extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def clip(text: str, width: int = 60) -> str:
+    """`text` cut to `width` characters (a value quoted in a message stays one short line)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words: 'a string', 'a list', 'an object' ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    kinds = ((str, "a string"), (int, "a number"), (float, "a number"), (list, "a list"), (dict, "an object"))
+    return next((kind for cls, kind in kinds if isinstance(value, cls)), type(value).__name__)
+
+
+async def read_body(request: Request, limit: int) -> dict[str, Any]:
+    """The request's fields from a JSON object or a urlencoded form (a repeated q gives a list),
+    checked by `check_values`; a body over `limit` bytes is refused (413)."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise RequestError(413, f"request too large: {length} bytes of body, the limit is {limit}")
+    raw = await request.body()
+    if len(raw) > limit:
+        raise RequestError(413, f"request too large: {len(raw)} bytes of body, the limit is {limit}")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    looks_json = raw.lstrip()[:1] in (b"{", b"[")  # JSON sent with curl -d's default form type is read as JSON
+    if kind == "application/json" or (kind in ("", "application/x-www-form-urlencoded") and looks_json):
+        data = parse_json(raw)
+    elif kind in ("application/x-www-form-urlencoded", ""):
+        data = parse_form(raw)
+    else:
+        raise RequestError(400, f"Invalid request: Content-Type {kind!r} is not supported; "
+                                "send application/json or application/x-www-form-urlencoded")
+    check_values(data)
+    return data
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(400, f"Invalid request: the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RequestError(400, f"Invalid request: the body nests JSON more than {MAX_DEPTH} levels deep") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise RequestError(400, "Invalid request: the body is not valid JSON "
+                                f"(a number of more than {sys.get_int_max_str_digits()} digits)") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, f"Invalid request: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_form(raw: bytes) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError(400, "Invalid request: the form is not UTF-8") from None
+    form: dict[str, Any] = {}
+    for key, value in parse_qsl(text, keep_blank_values=True):
+        if key in form:
+            form[key] = [*form[key], value] if isinstance(form[key], list) else [form[key], value]
+        else:
+            form[key] = value
+    return form
+
+
+def check_values(data: dict[str, Any]) -> None:
+    """Refuse what JSON can carry but no field can use, naming the field: nesting deeper than
+    MAX_DEPTH, and strings that are not text (lone surrogates, which `\\ud800` escapes decode
+    to and no encoding can write)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, str):
+            check_text(value, where)
+        elif isinstance(value, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise RequestError(400, f"Invalid request: the body nests JSON more than {MAX_DEPTH} levels deep")
+            if isinstance(value, list):
+                stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+            else:
+                for name, item in value.items():
+                    check_text(name, "")
+                    stack.append((item, f"{where}.{name}" if where else name, depth + 1))
+
+
+def check_text(text: str, where: str) -> None:
+    """`text` (the value at `where`, "" for a field name) is Unicode that UTF-8 can write."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        what = clip(where) if where else "a field name"
+        raise RequestError(400, f"Invalid request: {what} holds a lone surrogate (U+{ord(text[exc.start]):04X}), "
+                                "which is not text; send valid Unicode") from None
+
+
+def check_key(state: AppState, data: dict[str, Any], request: Request) -> None:
+    """The request's API key (the api_key field, else the X-API-Key header), where the server needs one."""
+    key = data.get("api_key")
+    if key is not None and not isinstance(key, str):
+        raise RequestError(400, f"Invalid request: api_key must be a string (got {json_kind(key)})")
+    if state.settings.api_keys is None:
+        return
+    key = key or request.headers.get("x-api-key")
+    if not key:
+        raise RequestError(403, "Invalid request: missing api_key (this server requires an API key)")
+    if key not in state.settings.api_keys:
+        raise RequestError(403, "Invalid API key")
+
+
+def check_pair(state: AppState, source: Any, target: Any) -> None:
+    source_lang, target_lang = state.languages
+    if source not in (source_lang, "auto"):
+        raise RequestError(400, f"{clip(str(source))} is not supported as the source language; this model translates "
+                                f"{source_lang} to {target_lang}")
+    if target != target_lang:
+        raise RequestError(400, f"{clip(str(target))} is not supported as the target language; this model translates "
+                                f"{source_lang} to {target_lang}")
+
+
+def texts_of(q: Any) -> list[str]:
+    if isinstance(q, str):
+        return [q]
+    if isinstance(q, list) and all(isinstance(t, str) for t in q):
+        return q
+    raise RequestError(400, "Invalid request: q must be a string or a list of strings")
+
+
+def check_size(state: AppState, texts: list[str]) -> list[list[str]]:
+    """The lines of each text, within the server's limits (else 413)."""
+    chars = sum(len(t) for t in texts)
+    if chars > state.settings.max_chars:
+        raise RequestError(413, f"request too large: {chars} characters, the limit is {state.settings.max_chars}")
+    lines = [t.split("\n") for t in texts]
+    count = sum(len(ls) for ls in lines)
+    if count > state.settings.max_lines:
+        raise RequestError(413, f"request too large: {count} lines, the limit is {state.settings.max_lines}")
+    return lines
+
+
+def decode_options(state: AppState, given: dict[str, Any]) -> DecodeConfig:
+    """The server's decoding settings with a request's own (DecodeConfig keys), checked as
+    `translate` checks its flags: by DecodeConfig, and a beam within the target vocabulary."""
+    try:
+        decode = DecodeConfig(**{**state.translator.decode.model_dump(), **given})
+    except ValidationError as exc:
+        raise RequestError(400, describe_options_error(exc)) from None
+    vocab = state.target_vocabulary
+    if not decode.sampling and decode.beam_size > vocab:
+        raise RequestError(400, f"beam_size {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
+    return decode
+
+
+def as_int(value: Any, name: str, low: int, high: int) -> int:
+    """A whole number in [low, high] from JSON or a form field."""
+    try:
+        number = int(value) if not isinstance(value, bool) and str(value).strip().lstrip("-").isdigit() else None
+    except ValueError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise RequestError(400, f"Invalid request: {name} must be a whole number from {low} to {high} (got {clip(repr(value))})")
+    return number
+
+
+def as_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    raise RequestError(400, f"Invalid request: {name} must be true or false (got {clip(repr(value))})")
+
+
+def describe_options_error(exc: ValidationError) -> str:
+    """A rejected decoding option of a request as one line: the field, its value, what is allowed."""
+    problems = []
+    for err in exc.errors():
+        msg = clip(str(err["msg"]).removeprefix("Value error, "), 120)
+        problems.append(f"{err['loc'][0]} {clip(repr(err['input']))}: {msg}" if err["loc"] else f"decoding options: {msg}")
+    return "; ".join(problems)

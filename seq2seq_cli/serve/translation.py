@@ -1,0 +1,155 @@
+"""The translating routes of `seq2seq serve`: LibreTranslate's POST /translate and GET
+/languages, and POST /v1/translate with the decoding options of `translate`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.languages import LANGUAGE_NAMES
+from seq2seq_cli.serve.batcher import JobOptions, QueueFull
+from seq2seq_cli.serve.parse import (
+    REQUEST_DECODE_KEYS,
+    V1_KEYS,
+    RequestError,
+    as_bool,
+    as_int,
+    check_key,
+    check_pair,
+    check_size,
+    clip,
+    decode_options,
+    read_body,
+    texts_of,
+)
+from seq2seq_cli.serve.state import AppState, app_state
+
+router = APIRouter()
+
+
+async def read_request(request: Request) -> tuple[AppState, dict[str, Any]]:
+    """The app's state and the request's fields, its API key checked."""
+    state = app_state(request)
+    data = await read_body(request, state.settings.max_chars * 4 + 65536)  # UTF-8 text and the other fields, with room
+    check_key(state, data, request)
+    return state, data
+
+
+@router.post("/translate")
+async def libretranslate(request: Request) -> JSONResponse:
+    state, data = await read_request(request)
+    for name in ("q", "source", "target"):
+        if data.get(name) is None:
+            raise RequestError(400, f"Invalid request: missing {name} parameter")
+    texts = texts_of(data["q"])
+    check_pair(state, data["source"], data["target"])
+    fmt = data.get("format") or "text"
+    if fmt != "text":
+        raise RequestError(400, f"format {clip(repr(fmt))} is not supported; this server translates plain text (format: text)")
+    alternatives = as_int(data.get("alternatives") or 0, "alternatives", 0, 16)
+    lines = check_size(state, texts)
+    decode_cfg = state.translator.decode
+    if alternatives and not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
+        decode_cfg = decode_options(state, {"beam_size": alternatives + 1})
+    flat = [line for ls in lines for line in ls]
+    results = await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
+    out_texts, out_alts = [], []
+    start = 0
+    for ls in lines:
+        mine = results[start : start + len(ls)]
+        start += len(ls)
+        out_texts.append("\n".join(r["translation"] for r in mine))
+        ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
+        out_alts.append(["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)])
+    single = isinstance(data["q"], str)
+    body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
+    if alternatives:
+        body["alternatives"] = out_alts[0] if single else out_alts
+    if data["source"] == "auto":
+        detected = {"confidence": 100.0, "language": state.languages[0]}
+        body["detectedLanguage"] = detected if single else [detected] * len(texts)
+    return JSONResponse(body)
+
+
+@router.get("/languages")
+async def languages(request: Request) -> JSONResponse:
+    source_lang, target_lang = app_state(request).languages
+    return JSONResponse([
+        {"code": source_lang, "name": LANGUAGE_NAMES.get(source_lang, source_lang), "targets": [target_lang]},
+        {"code": target_lang, "name": LANGUAGE_NAMES.get(target_lang, target_lang), "targets": []},
+    ])
+
+
+@router.post("/v1/translate")
+async def v1_translate(request: Request) -> JSONResponse:
+    state, data = await read_request(request)
+    unknown = [k for k in data if k not in V1_KEYS and k not in REQUEST_DECODE_KEYS]
+    if unknown:
+        known = ", ".join(V1_KEYS + REQUEST_DECODE_KEYS)
+        raise RequestError(400, f"unknown field {clip(repr(unknown[0]))}; known fields: {known}")
+    if data.get("q") is None:
+        raise RequestError(400, "Invalid request: missing q parameter")
+    texts = texts_of(data["q"])
+    if data.get("source") is not None or data.get("target") is not None:
+        source_lang, target_lang = state.languages
+        check_pair(state, data.get("source", source_lang), data.get("target", target_lang))
+    nbest = as_int(data.get("nbest", 1), "nbest", 1, 64)
+    alignment = as_bool(data.get("alignment", False), "alignment")
+    attention = as_bool(data.get("attention", False), "attention")
+    decode_cfg = decode_options(state, {k: v for k, v in data.items() if k in REQUEST_DECODE_KEYS})
+    if not decode_cfg.sampling and nbest > decode_cfg.beam_size:
+        raise RequestError(400, f"nbest {nbest} is larger than beam_size {decode_cfg.beam_size}; raise beam_size")
+    per_text = check_size(state, texts)
+    prefixes = None if data.get("prefix") is None else prefixes_of(state, data["prefix"], data["q"], per_text)
+    lines = [line for ls in per_text for line in ls]
+    results = await decode(state, lines, state.batcher.options(decode_cfg, nbest, alignment, attention), prefixes)
+    return JSONResponse({"results": results})
+
+
+def prefixes_of(state: AppState, prefix: Any, q: Any, lines: list[list[str]]) -> list[list[int]]:
+    """The forced prefix of each line of a request (target ids, [] = none): `prefix` has
+    q's shape (a string, or a list as long as q's), each text's lines matching its q text's
+    lines; an empty string is no prefix for all the lines of its text."""
+    if isinstance(q, str) and isinstance(prefix, str):
+        texts = [prefix]
+    elif isinstance(q, list) and isinstance(prefix, list) and all(isinstance(t, str) for t in prefix):
+        texts = prefix
+    else:
+        raise RequestError(400, "Invalid request: prefix must have the shape of q: a string for a string, "
+                                "a list of strings for a list")
+    if len(texts) != len(lines):
+        raise RequestError(400, f"Invalid request: prefix has {len(texts)} entries but q has {len(lines)}")
+    flat: list[str] = []
+    for i, (text, ls) in enumerate(zip(texts, lines)):
+        parts = text.split("\n") if text else [""] * len(ls)
+        if len(parts) != len(ls):
+            raise RequestError(400, f"Invalid request: prefix {i + 1} has {len(parts)} lines but its q text has "
+                                    f"{len(ls)}; give one prefix line per line (an empty line for none)")
+        flat.extend(parts)
+    try:
+        return state.translator.encode_prefixes(flat, lambda i: f"prefix of line {i + 1}")
+    except UserError as exc:
+        raise RequestError(400, f"Invalid request: {exc}") from None
+
+
+async def decode(state: AppState, lines: list[str], options: JobOptions,
+                 prefixes: list[list[int]] | None = None) -> list[dict[str, Any]]:
+    """Each line's result, decoded by the batcher with the requests queued beside it."""
+    try:
+        future = state.batcher.submit(lines, options, prefixes)
+    except QueueFull as exc:
+        raise RequestError(503, f"server busy: {exc.limit} requests are queued, the limit; retry later",
+                           {"Retry-After": "1"}) from None
+    except RuntimeError:
+        raise RequestError(503, "server is shutting down", {"Retry-After": "5"}) from None
+    timeout = state.settings.timeout_s
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+    except TimeoutError:
+        raise RequestError(504, f"translation took longer than the request timeout of {timeout:g} s") from None
+    except UserError as exc:
+        raise RequestError(400, str(exc)) from None
