@@ -330,8 +330,10 @@ class FinishedBeams:
 
     @classmethod
     def empty(cls, b: int, K: int, room: int, device: torch.device) -> FinishedBeams:
-        return cls(torch.full((b, 2 * K + 1), NEG_INF, device=device), torch.zeros((b, 2 * K + 1), dtype=torch.long, device=device),
-                   torch.zeros((b, 2 * K + 1, room), dtype=torch.long, device=device), torch.zeros(b, dtype=torch.long, device=device))
+        slots = 2 * K + 1
+        return cls(torch.full((b, slots), NEG_INF, device=device), torch.zeros((b, slots), dtype=torch.long, device=device),
+                   torch.zeros((b, slots, room), dtype=torch.long, device=device),
+                   torch.zeros(b, dtype=torch.long, device=device))
 
     def add(self, ended: Tensor, log_prob: Tensor, tokens: Tensor, step: int) -> None:
         """ended: (b, J) which candidates end here, log_prob: (b, J) theirs, tokens: (b, J, t) the

@@ -300,7 +300,7 @@ def one_update(run: Run, state: TrainState, batches: BatchPlan) -> Outcome:
     optimizer.step()
     optimizer.found_inf = None  # type: ignore[attr-defined]
     state.step += 1
-    if run.average is not None:
+    if run.average is not None and run.config.train.ema_decay is not None:
         update_average(run.average, run.model, state.step, run.config.train.ema_decay)
     assert run.tally is not None
     run.tally.add(sums.losses, sums.tokens, sums.src_tokens, bad)
@@ -326,7 +326,7 @@ def scaled_step(run: Run, state: TrainState, sums: UpdateSums) -> Outcome:
     scaler.step(optimizer)
     scaler.update()
     state.step += 1
-    if run.average is not None:
+    if run.average is not None and run.config.train.ema_decay is not None:
         update_average(run.average, run.model, state.step, run.config.train.ema_decay)
     for key, value in zip(("loss", "nll", "tokens", "src_tokens"), (*losses, sums.tokens, sums.src_tokens)):
         state.window[key] += value
