@@ -147,11 +147,14 @@ def test_outputs_with_weights_equal_outputs_without():
     h, cross_only = model.decode(tgt, model.init_state(memory, src_mask))
     h_w, self_w, cross_w = model.decode_with_weights(tgt, model.init_state(memory, src_mask))
     assert cross_only == []
-    assert (h_w - h).abs().max().item() <= 1e-6
+    # without weights the decoder attends causally alone: equal at every real position (a padding
+    # position's output, which nothing reads, may differ)
+    real = tgt != PAD  # (B, T)
+    assert (h_w - h)[real].abs().max().item() <= 1e-6
     # decode(need_weights=True) keeps returning the cross-attention weights alone
     h_c, cross_again = model.decode(tgt, model.init_state(memory, src_mask), need_weights=True)
     assert (h_c - h).abs().max().item() <= 1e-6
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(cross_again, cross_w))
+    assert all(torch.allclose(a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=1e-6) for a, b in zip(cross_again, cross_w))
     maps = model.attention_maps(src, tgt)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(maps["decoder"], self_w))
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(maps["encoder"], enc_w))
@@ -226,3 +229,28 @@ def test_logits_of_target_rows_only_equal_the_full_logits_there_and_give_the_sam
     assert grads[0][:3] == pytest.approx(grads[1][:3])
     for a, b in zip(grads[0][3], grads[1][3], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_causal_attention_alone_trains_as_the_padding_and_causal_mask():
+    """A right-padded target decoded with causal attention alone (the training path) gives the
+    loss and the gradient of the full padding AND causal mask (the explicit path) on real targets."""
+    from seq2seq_cli.train.loss import label_smoothed_nll
+
+    model = tiny_model()
+    src, tgt_in = _padded_batch()
+    tgt_out = torch.roll(tgt_in, -1, dims=1).masked_fill(tgt_in == PAD, PAD)
+    results = []
+    for with_weights in (False, True):
+        model.zero_grad()
+        memory, src_mask, _ = model.encode(src)
+        state = model.init_state(memory, src_mask)
+        h = model.decode_with_weights(tgt_in, state)[0] if with_weights else model.decode(tgt_in, state)[0]
+        loss, _, tokens = label_smoothed_nll(model.logits(h), tgt_out, 0.1)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (causal, g_causal), (masked, g_masked) = results
+    assert int(tokens) < tgt_out.numel()  # the batch has padding
+    torch.testing.assert_close(causal, masked)
+    assert g_causal.keys() == g_masked.keys()
+    for name in g_causal:
+        torch.testing.assert_close(g_causal[name], g_masked[name], atol=1e-6, rtol=1e-5)

@@ -28,7 +28,7 @@ from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.ids import PAD
 from seq2seq_cli.model.dropout import Dropout, dropout
 from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
-from seq2seq_cli.model.masks import decoder_self_mask, padding_mask
+from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
 
 
 def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -58,17 +58,22 @@ def _small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None)
     return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, causal: bool = False
+) -> Tensor:
     """softmax(Q K^T / sqrt(Dk) + mask) V through torch's fused kernel; shapes as in
-    `attention_with_weights`. bf16 attention on a CPU runs in float32: there torch's bf16
-    attention kernels (forward and backward) are slower than its float32 ones."""
-    if q.device.type == "cpu" and q.size(-2) <= SMALL_QUERY and not (torch.is_grad_enabled() or dropout_p):
+    `attention_with_weights`. `causal` (with no mask): query t attends to keys 0..t, which the
+    kernel knows without a mask tensor (on a GPU the flash kernel then applies). bf16 attention
+    on a CPU runs in float32: there torch's bf16 attention kernels (forward and backward) are
+    slower than its float32 ones."""
+    if q.device.type == "cpu" and q.size(-2) <= SMALL_QUERY and not (torch.is_grad_enabled() or dropout_p or causal):
         return _small_query_attention(q, k, v, mask)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p,
+                                                 is_causal=causal)
         return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
 
 
 class MultiHeadAttention(nn.Module):
@@ -91,15 +96,16 @@ class MultiHeadAttention(nn.Module):
         return self._split(self.w_k(x), self.q_k_size), self._split(self.w_v(x), self.v_size)
 
     def forward(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False, causal: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D) queries; k, v from `keys_values`; -> (B, T, D), weights (B, H, T, S) or None."""
+        """x: (B, T, D) queries; k, v from `keys_values`; -> (B, T, D), weights (B, H, T, S) or None.
+        `causal` (mask None): query t attends to keys 0..t."""
         q = self._split(self.w_q(x), self.q_k_size)  # (B, H, T, Dk)
         p = self.dropout if self.training else 0.0
         if need_weights:
-            out, weights = attention_with_weights(q, k, v, mask, p)
+            out, weights = attention_with_weights(q, k, v, causal_mask(q.size(2), q.device) if causal else mask, p)
         else:
-            out, weights = scaled_dot_product_attention(q, k, v, mask, p), None
+            out, weights = scaled_dot_product_attention(q, k, v, mask, p, causal), None
         B, H, T, Dv = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * Dv)  # (B, T, H*Dv)
         return self.w_o(out), weights
@@ -187,6 +193,7 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         need_self_weights: bool = False,
         group: int = 1,
+        causal: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x: (B, T, D) -> (B, T, D), self-attention weights (B, H, T, L) or None,
         cross-attention weights (B, H, T, S) or None.
@@ -196,13 +203,14 @@ class DecoderLayer(nn.Module):
         under `self_mask` (B, 1, T, T) and L = T. `need_weights` asks for the cross-attention
         weights, `need_self_weights` for the self-attention ones; each switches only its own
         attention to the explicit path. With `group` > 1 (beams sharing their sentence's
-        source keys), cross-attention weights come as (B / group, H, group * T, S).
+        source keys), cross-attention weights come as (B / group, H, group * T, S). `causal`
+        (self_mask None): self-attention by position alone, for right-padded rows.
         """
         h = self.self_block.input(x)
         k, v = self.self_attn.keys_values(h)  # (B, H, T, Dk), (B, H, T, Dv)
         if incremental:
             k, v = cache.append(k, v)  # (B, H, L+T, Dk), (B, H, L+T, Dv)
-        a, self_weights = self.self_attn(h, k, v, self_mask, need_self_weights)
+        a, self_weights = self.self_attn(h, k, v, self_mask, need_self_weights, causal)
         x = self.self_block.output(x, a)
         h = self.cross_block.input(x)
         if group > 1:  # the `group` rows of a sentence query its one copy of the source keys
@@ -369,14 +377,21 @@ class Seq2SeqTransformer(nn.Module):
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = state.length if incremental else 0
         x = self.tgt_embed(tgt_in, start)
-        self_mask = None if incremental and tgt_in.size(1) == 1 else decoder_self_mask(tgt_in, PAD)
+        # A whole right-padded target (training, validation, forced decoding): causal attention alone.
+        # A real position's keys are all real (padding comes after them), so the padding mask would
+        # change only the padding positions' outputs, which nothing reads; without a mask tensor the
+        # fused kernels skip the masked half (a GPU's flash kernel applies). The explicit path for
+        # self-attention weights keeps the full padding AND causal mask.
+        causal = not incremental and not need_self_weights
+        self_mask = None if causal or (incremental and tgt_in.size(1) == 1) else decoder_self_mask(tgt_in, PAD)
         if self_mask is not None and self.cfg.decoder_start_id == PAD:
             self_mask[..., 0] = True  # position 0 holds the start token (pad's id), not padding
         if incremental and tgt_in.size(1) > 1 and state.length:
             raise ValueError("incremental decoding of several positions needs an empty cache")
         self_weights, cross_weights = [], []
         for layer, cache in zip(self.decoder, state.layers):
-            x, s, c = layer(x, self_mask, cache, state.src_mask, incremental, need_weights, need_self_weights, state.group)
+            x, s, c = layer(x, self_mask, cache, state.src_mask, incremental, need_weights, need_self_weights, state.group,
+                            causal)
             if s is not None:
                 self_weights.append(s)
             if c is not None:
