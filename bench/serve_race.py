@@ -1,20 +1,45 @@
 """The serving race: closed-loop HTTP clients against `seq2seq serve` with batching across
 requests, the same server with batching off (`--no-batching`: one request per decoding batch),
-and a CTranslate2 `Translator` on the export of the same run behind the same HTTP stack
-(FastAPI + uvicorn, one `translate_batch` per request, as LibreTranslate serves Argos models).
+a CTranslate2 `Translator` on the export of the same run behind the same HTTP stack (FastAPI +
+uvicorn, one `translate_batch` per request), and LibreTranslate itself serving the Argos
+export (`seq2seq export --format argos`) of the same run.
 
 Each client sends one test-split sentence at a time to the LibreTranslate-compatible
 `POST /translate` and sends the next when the answer is back, for `--seconds` per level of
 concurrency (1, 8, 32, 128 clients). Per system and level: sentences/s, p50/p95/p99 latency,
 requests lost (any answer but 200), sentences whose answers were not all the same (mixed up),
-and the server's peak resident memory (VmHWM, its whole life). Servers run one at a time,
-alternating system by system within each round; each is started fresh for its turn and may be
-pinned to CPUs (`--cpus 0,1`) so the clients do not take the server's cores where there are
-more. After the race the decode time of each sentence alone (the same translator in this
-process, beam as raced) gives the yardstick for the latency at 1 client.
+and the server's peak resident memory (VmHWM, its whole life). Before any timing each system
+is started once and translates the same sentence; the answers are printed side by side and the
+race stops if one is empty or the source itself. Servers run one at a time, alternating system
+by system within each round; each is started fresh for its turn, answers one untimed request
+(LibreTranslate loads its model on the first), and may be pinned to CPUs (`--cpus 0,1`) so the
+clients do not take the server's cores where there are more. After the race the decode time of
+each sentence alone (the same translator in this process, beam as raced) gives the yardstick
+for the latency at 1 client.
+
+LibreTranslate runs from a virtual environment of its own (never this project's), with spaCy
+for its sentence splitting; the race needs nothing else from the network:
+
+    python3 -m venv /work/lt-venv
+    /work/lt-venv/bin/pip install libretranslate==1.9.6 spacy   # one command, so that pip resolves both
+
+The race exports the run for Argos, installs the package with argostranslate's
+`package.install_from_path` into a LibreTranslate home under a temporary folder (XDG_*_HOME,
+ARGOS_PACKAGES_DIR), and starts `libretranslate --load-only SRC,TGT` there with:
+ARGOS_BEAM_SIZE = --beam (LibreTranslate asks for one hypothesis, so argostranslate searches
+with beam max(1, ARGOS_BEAM_SIZE); its default is 4), ARGOS_INTRA_THREADS = --threads and
+ARGOS_INTER_THREADS = 1 (one CTranslate2 translator with that many threads; the default, 0,
+lets CTranslate2 choose), ARGOS_COMPUTE_TYPE = --lt-compute-type (float32 as ours; argos's
+default, auto, computes in int8 where the CPU has it), ARGOS_CHUNK_TYPE = SPACY (the
+package's own rule-based splitter, spacy/; the default splitter, MiniSBD, fetches a model for
+the source language on first use), ARGOS_PACKAGE_INDEX = an empty index on disk (with
+fewer than two packages installed LibreTranslate looks for models to install at start), and
+ORT_DISABLE_TELEMETRY = 1 (onnxruntime, which argostranslate imports, otherwise sends usage events).
 
     python bench/serve_race.py runs/quickstart                    # beam 5, 20 s per level, 1 round
     python bench/serve_race.py runs/quickstart --seconds 10 --levels 1,8,32 --rounds 3 --json out.json
+    python bench/serve_race.py runs/quickstart --systems ours,libretranslate --levels 1,8,32 --seconds 30 \
+        --rounds 2 --lt-python /work/lt-venv/bin/python    # or LIBRETRANSLATE_PYTHON=/work/lt-venv/bin/python
 """
 
 from __future__ import annotations
@@ -57,20 +82,65 @@ uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning")
 """
 
 
+# Run with LibreTranslate's Python: install the package as argostranslate installs one.
+LT_INSTALL = """
+import sys, argostranslate.package as package
+package.install_from_path(sys.argv[1])
+print(*(f"{p.from_code}->{p.to_code} in {p.package_path}" for p in package.get_installed_packages()))
+"""
+
+# LibreTranslate's own console script (`libretranslate`): its flags as sys.argv[1:].
+LT_SERVER = "from libretranslate.main import main; main()"
+
+SYSTEMS = ("batched", "ours", "unbatched", "ct2", "libretranslate")  # ours: `seq2seq serve` as shipped, as batched
+
+
+def libretranslate_env(run: Path, work: Path, lt_python: str, pair: tuple[str, str], beam: int, threads: int,
+                       compute_type: str, env: dict[str, str]) -> dict[str, str]:
+    """Export `run` for Argos and install it into a LibreTranslate home of its own under `work`;
+    -> the server's environment (see the module's text for each setting)."""
+    home = work / "libretranslate"
+    package = work / f"{pair[0]}_{pair[1]}.argosmodel"
+    subprocess.run([sys.executable, "-m", "seq2seq_cli", "export", "--model", str(run), "--format", "argos", str(package)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    # Imported with ARGOS_CHUNK_TYPE=SPACY, argostranslate fetches spaCy's multilingual sentence
+    # model unless this folder exists (and spaCy's downloader ends the process when it cannot);
+    # it is never loaded, as the package carries its own splitter (spacy/).
+    (home / "cache" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True)
+    (home / "index").mkdir()
+    (home / "index" / "index.json").write_text("[]\n", encoding="utf-8")
+    lt_env = {k: v for k, v in env.items() if not k.startswith(("ARGOS_", "LT_", "XDG_"))}  # LT_*: LibreTranslate's flags
+    lt_env.update(
+        HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"),
+        XDG_CACHE_HOME=str(home / "cache"), ARGOS_PACKAGES_DIR=str(home / "packages"),
+        ARGOS_PACKAGE_INDEX=(home / "index").as_uri() + "/", ARGOS_CHUNK_TYPE="SPACY", ARGOS_DEVICE_TYPE="cpu",
+        ARGOS_BEAM_SIZE=str(beam), ARGOS_INTRA_THREADS=str(threads), ARGOS_INTER_THREADS="1",
+        ARGOS_COMPUTE_TYPE=compute_type,
+        ORT_DISABLE_TELEMETRY="1",  # onnxruntime (imported by argostranslate's sentence splitters) sends usage events
+    )
+    r = subprocess.run([lt_python, "-c", LT_INSTALL, str(package)], env=lt_env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"installing {package} with {lt_python} failed:\n{r.stderr[-2000:]}")
+    print(f"libretranslate: installed {r.stdout.strip()}", file=sys.stderr, flush=True)
+    return lt_env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], port: int, env: dict[str, str], cpus: str | None) -> subprocess.Popen:
+def start(cmd: list[str], port: int, env: dict[str, str], cpus: str | None, log: Path) -> subprocess.Popen:
+    """Start a server, its output to `log`, and wait until its /health answers."""
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"{' '.join(cmd[:6])} ... exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            sys.exit(f"{' '.join(cmd[:6])} ... exited:\n{log.read_text(errors='replace')[-2000:]}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")
@@ -79,7 +149,20 @@ def start(cmd: list[str], port: int, env: dict[str, str], cpus: str | None) -> s
         except OSError:
             time.sleep(0.3)
     proc.kill()
-    sys.exit("the server did not answer within 300 s")
+    sys.exit(f"the server did not answer within 300 s (its output: {log})")
+
+
+def translate_one(port: int, sentence: str, pair: tuple[str, str]) -> str:
+    """One request, untimed -> the translation (RuntimeError on any answer but 200)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/translate", json.dumps({"q": sentence, "source": pair[0], "target": pair[1]}),
+                 {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    if r.status != 200:
+        raise RuntimeError(f"POST /translate answered {r.status}: {data[:500]!r}")
+    return json.loads(data)["translatedText"]
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -143,11 +226,16 @@ def main() -> None:
     ap.add_argument("--pair", default="es,en", help="the run's source and target language codes")
     ap.add_argument("--levels", default="1,8,32,128", help="comma list of client counts")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each level")
-    ap.add_argument("--systems", default="batched,unbatched,ct2", help="comma list of: batched, unbatched, ct2")
+    ap.add_argument("--systems", default="batched,unbatched,ct2",
+                    help="comma list of: batched (or ours), unbatched, ct2, libretranslate")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="decoding threads of each server")
     ap.add_argument("--cpus", default=None, help="pin each server to these CPUs (taskset -c), e.g. 0,1")
+    ap.add_argument("--lt-python", default=os.environ.get("LIBRETRANSLATE_PYTHON"),
+                    help="the Python of LibreTranslate's own virtual environment (default: $LIBRETRANSLATE_PYTHON)")
+    ap.add_argument("--lt-compute-type", default="float32",
+                    help="ARGOS_COMPUTE_TYPE of LibreTranslate's CTranslate2 translator (auto: argos's default)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
@@ -156,30 +244,71 @@ def main() -> None:
     pair = tuple(args.pair.split(","))
     levels = [int(n) for n in args.levels.split(",")]
     systems = args.systems.split(",")
+    if unknown := [s for s in systems if s not in SYSTEMS]:
+        ap.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    if "libretranslate" in systems and not args.lt_python:
+        ap.error("the libretranslate system needs --lt-python (or LIBRETRANSLATE_PYTHON): see the module's text")
+    shipped = next((s for s in systems if s in ("batched", "ours")), None)  # `seq2seq serve` as shipped
     work = Path(tempfile.mkdtemp(prefix="serve-race-"))
     decode = yaml.safe_load((args.run / "config.yaml").read_text(encoding="utf-8"))["decode"]
     if "ct2" in systems:
         subprocess.run([sys.executable, "-m", "seq2seq_cli", "export", "--model", str(args.run), str(work / "ct2")],
                        check=True, env=env, stdout=subprocess.DEVNULL)
+    lt_env = None
+    if "libretranslate" in systems:
+        lt_env = libretranslate_env(args.run, work, args.lt_python, pair, args.beam, args.threads, args.lt_compute_type, env)
 
-    def command(system: str, port: int) -> list[str]:
+    def command(system: str, port: int) -> tuple[list[str], dict[str, str]]:
         if system == "ct2":
             return [sys.executable, "-c", CT2_SERVER, str(work / "ct2"), str(args.run / "spm.model"), str(args.beam),
-                    str(args.threads), str(port), str(decode["max_len_a"]), str(decode["max_len_b"])]
+                    str(args.threads), str(port), str(decode["max_len_a"]), str(decode["max_len_b"])], env
+        if system == "libretranslate":
+            return [args.lt_python, "-c", LT_SERVER, "--host", "127.0.0.1", "--port", str(port), "--load-only", ",".join(pair),
+                    "--disable-web-ui", "--disable-files-translation"], lt_env
         flags = ["--no-batching"] if system == "unbatched" else []
         return [sys.executable, "-m", "seq2seq_cli", "serve", "--model", str(args.run), "--device", "cpu", "--port", str(port),
-                "--beam-size", str(args.beam), "--max-queue", "1024", "--timeout", "600", *flags]
+                "--beam-size", str(args.beam), "--max-queue", "1024", "--timeout", "600", *flags], env
+
+    def serve(system: str, turn: str) -> tuple[subprocess.Popen, int]:
+        port = free_port()
+        cmd, system_env = command(system, port)
+        return start(cmd, port, system_env, args.cpus, work / f"{system}-{turn}.log"), port
+
+    def ask(system: str, proc: subprocess.Popen, port: int, sentence: str) -> str:
+        try:
+            return translate_one(port, sentence, pair)
+        except (OSError, RuntimeError) as exc:
+            proc.terminate()
+            proc.wait()
+            sys.exit(f"{system}: {exc} (its output: {work})")
+
+    # Before any timing: every system translates the same sentence, printed side by side.
+    probe = sentences[0]
+    first: dict[str, str] = {}
+    for system in systems:
+        proc, port = serve(system, "check")
+        first[system] = ask(system, proc, port, probe)
+        proc.terminate()
+        proc.wait()
+    print(f"check, the same sentence to every system:\n  source          {probe}", file=sys.stderr)
+    for system, text in first.items():
+        print(f"  {system:15} {text}", file=sys.stderr)
+    if bad := [s for s, t in first.items() if not t.strip() or t.strip() == probe.strip()]:
+        sys.exit(f"no translation (empty, or the source sent back) from: {', '.join(bad)}")
+    sys.stderr.flush()
 
     results: dict[tuple[str, int], list[dict]] = {(s, n): [] for s in systems for n in levels}
     for r in range(args.rounds):
         for system in systems:
-            port = free_port()
-            proc = start(command(system, port), port, env, args.cpus)
+            proc, port = serve(system, f"round{r + 1}")
+            warm = ask(system, proc, port, probe)  # untimed: LibreTranslate loads its model on the first request
+            if warm != first[system]:
+                print(f"round {r + 1} {system}: the check sentence now reads {warm!r}", file=sys.stderr)
             for n in levels:
                 figures = closed_loop(port, sentences, n, args.seconds, pair)
                 results[(system, n)].append(figures)
                 f = figures
-                print(f"round {r + 1} {system:9} {n:4} clients {f['sent_per_s']:7.1f} sent/s p50 {f['p50_ms']:7.0f} ms "
+                print(f"round {r + 1} {system:14} {n:4} clients {f['sent_per_s']:7.1f} sent/s p50 {f['p50_ms']:7.0f} ms "
                       f"p95 {f['p95_ms']:7.0f} ms p99 {f['p99_ms']:7.0f} ms lost {f['lost']} mixed {f['mixed']}",
                       file=sys.stderr, flush=True)
             rss = peak_rss_mib(proc.pid)
@@ -190,7 +319,7 @@ def main() -> None:
 
     # the yardstick: each sentence sent at 1 client, decoded alone by the same translator
     alone_ms: list[float] = []
-    if "batched" in systems and 1 in levels:
+    if shipped and 1 in levels:
         import torch
 
         from seq2seq_cli.decode.translate import Translator
@@ -199,7 +328,7 @@ def main() -> None:
         translator = Translator.load(args.run, "cpu", {"beam_size": args.beam})
 
         def alone() -> None:  # on a thread of its own, as the server decodes (see bench/README.md)
-            for sentence in list(results[("batched", 1)][0]["answers"])[:200]:
+            for sentence in list(results[(shipped, 1)][0]["answers"])[:200]:
                 t0 = time.perf_counter()
                 translator.translate([sentence])
                 alone_ms.append(1000 * (time.perf_counter() - t0))
@@ -216,28 +345,36 @@ def main() -> None:
         row["lost"] = sum(f["lost"] for f in runs)
         row["mixed"] = sum(f["mixed"] for f in runs)
         rows.append(row)
-    # sentences whose answer differs between the batched server and the server without batching
-    differ = None
-    if {"batched", "unbatched"} <= set(systems):
-        a = {s: t for f in sum((results[("batched", n)] for n in levels), []) for s, t in f["answers"].items()}
-        b = {s: t for f in sum((results[("unbatched", n)] for n in levels), []) for s, t in f["answers"].items()}
-        differ = {"compared": len(a.keys() & b.keys()), "different": sum(a[s] != b[s] for s in a.keys() & b.keys())}
 
-    print(f"\n{'system':9} {'clients':>7} {'sent/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'MiB':>6} "
+    # sentences whose answer from another system differs from the shipped server's
+    def answers(system: str) -> dict[str, str]:
+        return {s: t for n in levels for f in results[(system, n)] for s, t in f["answers"].items()}
+
+    differ = {}
+    if shipped:
+        ours = answers(shipped)
+        for system in systems:
+            if system != shipped:
+                theirs = answers(system)
+                both = ours.keys() & theirs.keys()
+                differ[system] = {"compared": len(both), "different": sum(ours[s] != theirs[s] for s in both)}
+
+    print(f"\n{'system':14} {'clients':>7} {'sent/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'MiB':>6} "
           f"{'lost':>4} {'mixed':>5}  vs")
     for row in rows:
         peers = [p for p in rows if p["clients"] == row["clients"] and p["system"] != row["system"]]
         vs = ", ".join(f"{row['sent_per_s'] / p['sent_per_s']:.2f}x {p['system']}" for p in peers if p["sent_per_s"])
-        print(f"{row['system']:9} {row['clients']:7} {row['sent_per_s']:7.1f} {row['p50_ms']:7.0f} {row['p95_ms']:7.0f} "
+        print(f"{row['system']:14} {row['clients']:7} {row['sent_per_s']:7.1f} {row['p50_ms']:7.0f} {row['p95_ms']:7.0f} "
               f"{row['p99_ms']:7.0f} {row['peak_mib']:6.0f} {row['lost']:4} {row['mixed']:5}  {vs}")
     if alone_ms:
-        p95_alone = statistics.quantiles(alone_ms, n=20)[18]
+        p95_alone = statistics.quantiles(alone_ms, n=20)[18] if len(alone_ms) > 1 else alone_ms[0]
         print(f"decode alone, the sentences of the 1-client level: median {statistics.median(alone_ms):.0f} ms, "
               f"p95 {p95_alone:.0f} ms")
-    if differ:
-        print(f"batched vs unbatched answers: {differ['different']} of {differ['compared']} sentences differ")
+    for system, d in differ.items():
+        print(f"{system} vs {shipped} answers: {d['different']} of {d['compared']} sentences differ")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "alone_ms": alone_ms, "differ": differ}, indent=1))
+        check = {"source": probe, **first}
+        args.json.write_text(json.dumps({"rows": rows, "alone_ms": alone_ms, "differ": differ, "check": check}, indent=1))
 
 
 if __name__ == "__main__":
