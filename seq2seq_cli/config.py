@@ -29,7 +29,7 @@ from pydantic_core import ErrorDetails
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
-from seq2seq_cli.ids import BOS
+from seq2seq_cli.ids import BOS, RESERVED_PIECES
 from seq2seq_cli.layout import run_of_config
 
 
@@ -79,6 +79,11 @@ class CorpusConfig(Section):
     def _one_token(cls, tag: str | None) -> str | None:
         if tag is not None and (not tag or tag != tag.strip() or len(tag.split()) != 1):
             raise ValueError("a tag is one token without spaces, e.g. '<bt>'")
+        if tag in RESERVED_PIECES:
+            piece_id, role = RESERVED_PIECES[tag]
+            reserved = ", ".join(RESERVED_PIECES)
+            raise ValueError(f"{tag!r} is the tokenizer's {role} piece (id {piece_id}); a tag is a piece of its own, "
+                             f"not one of the reserved {reserved}")
         return tag
 
 
