@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import check_utf8, lone_surrogate
+from seq2seq_cli.fileio import BOM, check_utf8, lone_surrogate
 from seq2seq_cli.layout import RunLayout
 
 READ_BATCH = 1000
@@ -119,7 +119,7 @@ def _load_lines(path: Path, cache_dir: Path | None):
     datasets = quiet_datasets()
     try:
         # 1 MB read chunks (not 10 MB) keep the memory of reading a large file small
-        return datasets.load_dataset(
+        lines = datasets.load_dataset(
             "text", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None,
             chunksize=1 << 20, encoding="utf-8-sig",  # utf-8, a byte-order mark at the start skipped
         )
@@ -135,6 +135,13 @@ def _load_lines(path: Path, cache_dir: Path | None):
             raise
         check_utf8(path)  # raises with the file, line and byte of the first invalid UTF-8
         raise UserError(f"{path}: invalid UTF-8 ({cause})") from None
+    if len(lines) and lines[0]["text"].startswith(BOM):  # a compressed file's, which the decoder keeps
+        lines = lines.map(_without_bom, batched=True, batch_size=READ_BATCH, with_indices=True)
+    return lines
+
+
+def _without_bom(batch: dict[str, list[str]], indices: list[int]) -> dict[str, list[str]]:
+    return {"text": [line.removeprefix(BOM) if i == 0 else line for line, i in zip(batch["text"], indices)]}
 
 
 def _parse_tsv(batch: dict[str, list[str]]) -> dict[str, list[str]]:
