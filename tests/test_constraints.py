@@ -304,7 +304,8 @@ ERROR_CASES = {
         ["--constraints and --glossary need beam search; leave out --sampling"]),
     "constraints-surrogate": (
         lambda t: _case(t, "c.jsonl", '[]\n["Moses", "\\ud800"]\n'),
-        ["c.jsonl:2: target phrase 2 holds a lone surrogate (\\ud800), which is no character; expected text that UTF-8 can encode"]),
+        ["c.jsonl:2: target phrase 2 holds a lone surrogate (\\ud800), which is no character; "
+         "expected text that UTF-8 can encode"]),
     "glossary-no-tab": (
         lambda t: _case(t, "terms.tsv", "Dios\tGod\nMoisés Moses\n", "--glossary"),
         ["terms.tsv:2: expected a source term, a TAB and a target term; found no TAB"]),

@@ -48,8 +48,8 @@ def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, wh
     if run_dir is not None:
         owner = RunLayout(run_dir).owner_of(output)
         if owner is not None:
-            raise UserError(f"{output}: belongs to the model's run {run_dir} ({owner.relative_to(run_dir) if owner != run_dir else 'the run directory'}); "
-                            f"write {what} to another file")
+            part = owner.relative_to(run_dir) if owner != run_dir else "the run directory"
+            raise UserError(f"{output}: belongs to the model's run {run_dir} ({part}); write {what} to another file")
 
 
 def decode_line(raw: bytes, number: int, name: str = STDIN) -> str:
