@@ -310,6 +310,18 @@ def test_invalid_utf8_on_stdin_names_stdin_and_the_line(run, data, line, offset)
     one_error_line(r, f"<stdin>:{line}: invalid UTF-8 at byte {offset} of the line")
 
 
+def test_a_byte_order_mark_is_skipped_on_stdin_and_in_an_input_file(run, tmp_path):
+    """An editor's BOM in front of the first line is not text to translate, on stdin or in -i."""
+    plain = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu"], input="hola\nadiós\n")
+    assert plain.exit_code == 0, plain.output
+    bom = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu"], input="\ufeffhola\nadiós\n".encode())
+    assert bom.exit_code == 0 and bom.stdout == plain.stdout, bom.output
+    src = tmp_path / "bom.es"
+    src.write_text("\ufeffhola\nadiós\n", encoding="utf-8")
+    from_file = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu", "-i", str(src)])
+    assert from_file.exit_code == 0 and from_file.stdout == plain.stdout, from_file.output
+
+
 def test_invalid_utf8_on_a_real_pipe_names_stdin_and_the_line(run):
     proc = subprocess.run([sys.executable, "-m", "seq2seq_cli", "translate", "-m", str(run), "--device", "cpu"],
                           input=b"hola\n\xff\n", capture_output=True, env=subprocess_env(), timeout=300)
