@@ -54,8 +54,10 @@ class Part:
 
     @property
     def per_epoch(self) -> int:
-        """round(weight x pairs kept), half up."""
-        return int(math.floor(self.weight * self.count + 0.5))
+        """round(weight x pairs kept), half up (a product past float's range counted as 2**63:
+        more than any memory holds, which `train` refuses before drawing)."""
+        drawn = self.weight * self.count + 0.5
+        return int(math.floor(drawn)) if math.isfinite(drawn) else 2**63
 
     def record(self) -> dict[str, Any]:
         """This corpus's counts for metrics.jsonl."""
