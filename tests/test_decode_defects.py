@@ -551,3 +551,12 @@ def test_one_function_owns_the_output_limit(run):
     assert max_lengths(src, tr.model, 1.5, 1).tolist() == [5, 7]
     long_line = " ".join(["Jerusalén"] * 400)
     assert len(tr.encode([long_line])[0]) == cap + 1  # the source cut to the same cap, EOS added
+
+
+def test_stdin_s_first_line_loses_its_byte_order_mark():
+    import io
+
+    from seq2seq_cli.decode.files import stdin_chunks
+
+    chunks = list(stdin_chunks(io.BytesIO("\ufeffhola\n\ufeffadiós\n".encode()), 10))  # no descriptor
+    assert chunks == [["hola", "\ufeffadiós"]]
