@@ -29,7 +29,7 @@ from pydantic_core import ErrorDetails
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
-from seq2seq_cli.ids import BOS
+from seq2seq_cli.ids import BOS, RESERVED_PIECES
 from seq2seq_cli.layout import run_of_config
 
 
@@ -79,6 +79,11 @@ class CorpusConfig(Section):
     def _one_token(cls, tag: str | None) -> str | None:
         if tag is not None and (not tag or tag != tag.strip() or len(tag.split()) != 1):
             raise ValueError("a tag is one token without spaces, e.g. '<bt>'")
+        if tag in RESERVED_PIECES:
+            piece_id, role = RESERVED_PIECES[tag]
+            reserved = ", ".join(RESERVED_PIECES)
+            raise ValueError(f"{tag!r} is the tokenizer's {role} piece (id {piece_id}); a tag is a piece of its own, "
+                             f"not one of the reserved {reserved}")
         return tag
 
 
@@ -568,7 +573,24 @@ def dump_config(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def _absolute(path: str) -> str:
+    return os.path.abspath(path) if path else path
+
+
+def with_absolute_paths(config: Config) -> Config:
+    """`config` with its data files (data.train, each corpus, valid, test) and given tokenizer
+    models made absolute, against the current directory, where they are read."""
+    d, t = config.data, config.tokenizer
+    train = ([c.model_copy(update={"path": _absolute(c.path)}) for c in d.train] if isinstance(d.train, list)
+             else _absolute(d.train))
+    data = d.model_copy(update={"train": train, **{k: _absolute(v) for k in ("valid", "test") if (v := getattr(d, k))}})
+    tokenizer = t.model_copy(update={k: _absolute(v) for k in ("src_model", "tgt_model") if (v := getattr(t, k))})
+    return config.model_copy(update={"data": data, "tokenizer": tokenizer})
+
+
 def save_config(config: Config, path: Path) -> None:
     """Write the config into its run directory (as config.yaml), recording `run_dir: null`: read
-    back, the run is the directory the file is in (`load_config`), wherever the run was copied."""
-    atomic_write_text(path, dump_config(config.model_copy(update={"run_dir": None})))
+    back, the run is the directory the file is in (`load_config`), wherever the run was copied.
+    Its data paths are saved absolute (`with_absolute_paths`), so the file trains the run from
+    any directory (`train --config RUN/config.yaml --resume`)."""
+    atomic_write_text(path, dump_config(with_absolute_paths(config).model_copy(update={"run_dir": None})))

@@ -199,11 +199,27 @@ def check_text_file(path: Path) -> int:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
+BOM = "\ufeff"  # the byte-order mark, skipped at the start of every text input
+
+
 def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of a checked UTF-8 file (see `check_text_file`), without their newline, one at a time."""
+    """The lines of a checked UTF-8 file (see `check_text_file`), without their newline, one at a
+    time; the byte-order mark an editor may put first is skipped."""
     with open_bytes(path) as f:
-        for raw in f:
-            yield raw.decode("utf-8").removesuffix("\n")
+        for number, raw in enumerate(f):
+            line = raw.decode("utf-8").removesuffix("\n")
+            yield line.removeprefix(BOM) if number == 0 else line
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text`, written as JSON writes it ('\\ud800'), or None. JSON's
+    \\u escapes can name half of a UTF-16 pair, which is no character: such a string is not
+    text, and UTF-8 cannot encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"\\u{ord(text[exc.start]):04x}"
+    return None
 
 
 def read_lines(path: Path) -> list[str]:

@@ -226,6 +226,39 @@ def test_glossary_terms_become_constraints(run_dir, pairs, tmp_path):
     assert "Jerusalem" in both[0] and all(t in o for (_, terms), o in zip(pairs[:8], both) for t in terms)
 
 
+def test_a_byte_order_mark_is_skipped_in_constraint_and_glossary_files(run_dir, pairs, tmp_path):
+    """An editor's BOM in front of the first line: the first list is read, the first term matches."""
+    sources = [s for s, _ in pairs[:3]]
+    cons = tmp_path / "bom.jsonl"
+    cons.write_text("\ufeff" + "".join(json.dumps(t) + "\n" for _, t in pairs[:3]), encoding="utf-8")
+    out = translate(run_dir, tmp_path, sources, "-b", "3", "--constraints", str(cons))
+    assert all(t in o for (_, terms), o in zip(pairs[:3], out) for t in terms)
+    word = re.findall(r"\w+", sources[0])[-1]
+    gloss = tmp_path / "bom.tsv"
+    gloss.write_text(f"\ufeff{word}\tJerusalem\n", encoding="utf-8")
+    out = translate(run_dir, tmp_path, sources, "-b", "3", "--glossary", str(gloss))
+    assert "Jerusalem" in out[0]
+
+
+def test_phrases_and_terms_in_another_unicode_normal_form_match_as_the_input(run_dir, tmp_path):
+    """A glossary term written decomposed (NFD) matches the composed input and the reverse; a
+    decomposed constraint comes out composed, as the input is normalised."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Moisés")
+    assert nfd != "Moisés"
+    gloss = write(tmp_path / "nfd.tsv", [f"{nfd}\tJerusalem"])
+    out = translate(run_dir, tmp_path, ["Moisés dijo", unicodedata.normalize("NFD", "y Moisés dijo")], "-b", "3",
+                    "--glossary", str(gloss))
+    assert all("Jerusalem" in o for o in out)
+    composed = write(tmp_path / "nfc.tsv", ["Moisés\tJerusalem"])
+    out = translate(run_dir, tmp_path, [nfd + " dijo"], "-b", "3", "--glossary", str(composed))
+    assert "Jerusalem" in out[0]
+    cons = write(tmp_path / "nfd.jsonl", [json.dumps([unicodedata.normalize("NFD", "Jerusalén")], ensure_ascii=False)])
+    (out,) = translate(run_dir, tmp_path, ["Moisés dijo"], "-b", "3", "--constraints", str(cons))
+    assert "Jerusalén" in out and unicodedata.is_normalized("NFC", out)
+
+
 def test_glossary_matches_whole_words_in_the_files_case():
     from seq2seq_cli.decode.terms import Glossary
 
@@ -269,6 +302,10 @@ ERROR_CASES = {
     "constraints-sampling": (
         lambda t: [*_case(t, "c.jsonl", '[]\n["Moses"]\n'), "--sampling"],
         ["--constraints and --glossary need beam search; leave out --sampling"]),
+    "constraints-surrogate": (
+        lambda t: _case(t, "c.jsonl", '[]\n["Moses", "\\ud800"]\n'),
+        ["c.jsonl:2: target phrase 2 holds a lone surrogate (\\ud800), which is no character; "
+         "expected text that UTF-8 can encode"]),
     "glossary-no-tab": (
         lambda t: _case(t, "terms.tsv", "Dios\tGod\nMoisés Moses\n", "--glossary"),
         ["terms.tsv:2: expected a source term, a TAB and a target term; found no TAB"]),

@@ -213,3 +213,16 @@ def test_a_tag_of_an_imported_vocabulary_is_its_id(tmp_path):
     assert tag_id(tok, ">>por<<", "--tag >>por<<") == 5
     with pytest.raises(UserError, match="--tag >>deu<<: tag '>>deu<<' is not in the model's vocabulary"):
         tag_id(tok, ">>deu<<", "--tag >>deu<<")
+
+
+def test_a_weight_past_any_memory_is_refused_before_an_epoch_is_drawn(tmp_path):
+    """Even where weight x pairs overflows a float, the epoch is counted and refused in one line."""
+    from seq2seq_cli.errors import UserError
+    from seq2seq_cli.train.memory import check_epoch_fits
+
+    config = load_config(corpora_config(tmp_path, "heavy"))
+    for weight in (1e9, 1e308):
+        parts = [Part("a", 1.0, None, 0, 200), Part("b", weight, None, 200, 200)]
+        assert parts[1].per_epoch >= 2 * 10**11
+        with pytest.raises(UserError, match=r"data\.train\[1\]\.weight: weight 1e\+[0-9]+ draws [0-9,]+ pairs per epoch"):
+            check_epoch_fits(config, parts)

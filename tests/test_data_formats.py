@@ -293,3 +293,25 @@ def test_a_killed_encodings_leftovers_are_removed_and_a_live_ones_kept(tmp_path,
     corpus = encoded_split(config, train, uni, uni, training=True)
     assert len(corpus) and not left.exists() and live.exists()
     assert not [p for p in root.iterdir() if p.name.startswith(".building-") and p != live]  # its own build is gone too
+
+
+@pytest.mark.parametrize("fmt", ["text", "tsv", "jsonl", "text.gz"])
+def test_a_byte_order_mark_at_the_start_of_a_corpus_file_is_skipped(tmp_path, fmt):
+    """An editor's BOM is not part of the first sentence (nor does it break the first JSON line)."""
+    bom = "\ufeff"
+    if fmt.startswith("text"):
+        gz = fmt.endswith(".gz")
+        for lang, text in (("es", "uno\ndos\n"), ("en", "one\ntwo\n")):
+            data = (bom + text).encode("utf-8")
+            path = tmp_path / (f"c.{lang}.gz" if gz else f"c.{lang}")
+            path.write_bytes(gzip.compress(data) if gz else data)
+        value = str(tmp_path / "c")
+    elif fmt == "tsv":
+        (tmp_path / "c.tsv").write_text(bom + "uno\tone\ndos\ttwo\n", encoding="utf-8")
+        value = str(tmp_path / "c.tsv")
+    else:
+        lines = [json.dumps({"es": s, "en": t}) for s, t in (("uno", "one"), ("dos", "two"))]
+        (tmp_path / "c.jsonl").write_text(bom + "\n".join(lines) + "\n", encoding="utf-8")
+        value = str(tmp_path / "c.jsonl")
+    ds = read_parallel(value, "es", "en", tmp_path / "cache")
+    assert ds["src"] == ["uno", "dos"] and ds["tgt"] == ["one", "two"]

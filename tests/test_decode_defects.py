@@ -310,6 +310,18 @@ def test_invalid_utf8_on_stdin_names_stdin_and_the_line(run, data, line, offset)
     one_error_line(r, f"<stdin>:{line}: invalid UTF-8 at byte {offset} of the line")
 
 
+def test_a_byte_order_mark_is_skipped_on_stdin_and_in_an_input_file(run, tmp_path):
+    """An editor's BOM in front of the first line is not text to translate, on stdin or in -i."""
+    plain = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu"], input="hola\nadiós\n")
+    assert plain.exit_code == 0, plain.output
+    bom = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu"], input="\ufeffhola\nadiós\n".encode())
+    assert bom.exit_code == 0 and bom.stdout == plain.stdout, bom.output
+    src = tmp_path / "bom.es"
+    src.write_text("\ufeffhola\nadiós\n", encoding="utf-8")
+    from_file = runner.invoke(app, ["translate", "-m", str(run), "--device", "cpu", "-i", str(src)])
+    assert from_file.exit_code == 0 and from_file.stdout == plain.stdout, from_file.output
+
+
 def test_invalid_utf8_on_a_real_pipe_names_stdin_and_the_line(run):
     proc = subprocess.run([sys.executable, "-m", "seq2seq_cli", "translate", "-m", str(run), "--device", "cpu"],
                           input=b"hola\n\xff\n", capture_output=True, env=subprocess_env(), timeout=300)
@@ -539,3 +551,12 @@ def test_one_function_owns_the_output_limit(run):
     assert max_lengths(src, tr.model, 1.5, 1).tolist() == [5, 7]
     long_line = " ".join(["Jerusalén"] * 400)
     assert len(tr.encode([long_line])[0]) == cap + 1  # the source cut to the same cap, EOS added
+
+
+def test_stdin_s_first_line_loses_its_byte_order_mark():
+    import io
+
+    from seq2seq_cli.decode.files import stdin_chunks
+
+    chunks = list(stdin_chunks(io.BytesIO("\ufeffhola\n\ufeffadiós\n".encode()), 10))  # no descriptor
+    assert chunks == [["hola", "\ufeffadiós"]]

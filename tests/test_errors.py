@@ -233,6 +233,51 @@ def nan_weights_with_manifest(run: Path) -> None:
     manifest.write_text(json.dumps(record), encoding="utf-8")
 
 
+def not_a_file(ws: Path, kind: str) -> Path:
+    """A config whose second corpus path is a directory, a FIFO or a link to /dev/zero."""
+    path = ws / f"odd-{kind}.tsv"
+    if not path.exists() and not path.is_symlink():
+        if kind == "directory":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+    return corpora_config(ws, f"corpus{kind}", {"path": str(path)})
+
+
+def tagged_run(ws: Path) -> Path:
+    """A run trained (two updates) on two corpora, the second tagged <bt>."""
+    run = ws / "run-tagged"
+    if not (run / "checkpoints" / "best.safetensors").is_file():
+        def edit(raw: dict) -> None:
+            raw["train"].update(max_steps=2, valid_every=2)
+        cfg = corpora_config(ws, "tagged", {"tag": "<bt>"})
+        raw = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+        edit(raw)
+        cfg.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        train(load_config(cfg), progress=False, log=lambda _: None)
+    return run
+
+
+def one_piece_not_a_tag(run: Path) -> str:
+    """A piece of the run's tokenizer that encodes as itself (so could be a tag) but is not its tag."""
+    import sentencepiece as spm
+
+    from seq2seq_cli.data.tokenizer import tag_id
+
+    sp = spm.SentencePieceProcessor(model_file=str(run / "spm.model"))
+    for i in range(4, sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        if piece != "<bt>" and "\u2581" not in piece:
+            try:
+                tag_id(sp, piece, "test")
+            except Exception:  # noqa: BLE001 (split: not a candidate)
+                continue
+            return piece
+    raise AssertionError("no piece encodes as itself")
+
+
 # id -> (arguments, given the workspace; fragments of the error line; exit code)
 CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     # configuration
@@ -329,6 +374,23 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
         lambda ws: ["tokenize", "-c", corpora_config(ws, "corpustag", {"tag": "<bt>"}),
                     "--set", f"tokenizer.src_model={ws / 'run' / 'spm.model'}"],
         ["corpustag.yaml:", "data.train[1].tag (tokenizer.src_model", "tag '<bt>' is not one piece of the tokenizer"], 1),
+    "data-jsonl-surrogate": (
+        lambda ws: ["tokenize", "-c", pairs_file(ws, "surrogate.jsonl", ['{"es": "uno", "en": "one"}',
+                                                                         '{"es": "dos", "en": "two \\ud800"}'])],
+        ["surrogate.jsonl:2: field 'en' holds a lone surrogate (\\ud800), which is no character; "
+         "expected text that UTF-8 can encode"], 1),
+    "data-corpus-directory": (
+        lambda ws: ["train", "-c", not_a_file(ws, "directory")],
+        ["corpusdirectory.yaml:", "data.train[1]: ", "odd-directory.tsv: is a directory (expected a tsv file"], 1),
+    "data-corpus-not-regular": (
+        lambda ws: ["train", "-c", not_a_file(ws, "fifo")],
+        ["corpusfifo.yaml:", "odd-fifo.tsv: not a regular file (a FIFO) (expected a tsv file"], 1),
+    "data-corpus-device-link": (
+        lambda ws: ["train", "-c", not_a_file(ws, "device")],
+        ["corpusdevice.yaml:", "odd-device.tsv: not a regular file (a link to /dev/zero, a character device) (expected"], 1),
+    "data-corpus-tag-reserved": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpustagreserved", {"tag": "</s>"})],
+        ["corpustagreserved.yaml:", "data.train[1].tag: '</s>' is the tokenizer's end-of-sentence piece"], 1),
     # run directory
     "run-exists": (lambda ws: ["train", "-c", ws / "tiny.yaml"],
                    ["holds the checkpoints of an earlier run", "--resume", "--overwrite"], 1),
@@ -449,8 +511,38 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "flag-unknown": (lambda ws: ["translate", "-m", ws / "run", "--beem", "4"], ["No such option: --beem"], 2),
     "flag-tag-split": (lambda ws: ["translate", "-m", ws / "run", "--tag", "<bt>"],
                        ["--tag <bt>: tag '<bt>' is not one piece of the tokenizer (it encodes as"], 1),
+    "flag-tag-unknown": (lambda ws: ["translate", "-m", tagged_run(ws), "--tag", one_piece_not_a_tag(tagged_run(ws))],
+                         ["--tag ", ": the run was trained with the tags <bt> (data.train of", "config.yaml); give one of them"], 1),
+    "flag-tag-untagged-run": (lambda ws: ["translate", "-m", ws / "run", "--tag", one_piece_not_a_tag(ws / "run")],
+                              ["--tag ", ": the run was trained without tags (no corpus of data.train of",
+                               "has one); leave out --tag"], 1),
     "flag-missing-required": (lambda ws: ["translate"], ["Missing option '--model'"], 2),
 }
+
+
+# Cases found by `train` once it has read the data: its log lines come first, the error last.
+LOGGED_CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
+    "data-corpus-weight-no-pair": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpuslight", {"weight": 1e-9})],
+        ["corpuslight.yaml:", "data.train[1].weight: weight 1e-09 draws no pair of the 114 kept in an epoch",
+         "give a weight of at least 0.0044"], 1),
+    "data-corpus-weight-memory": (
+        lambda ws: ["train", "-c", corpora_config(ws, "corpusheavy", {"weight": 1e9})],
+        ["corpusheavy.yaml:", "data.train[1].weight: weight 1e+09 draws 114,000,000,000 pairs per epoch",
+         "GiB free; lower the weight"], 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOGGED_CASES))
+def test_bad_input_found_in_training_ends_its_log_with_one_line(ws, case):
+    make_args, fragments, code = LOGGED_CASES[case]
+    result = runner.invoke(app, [str(a) for a in make_args(ws)])
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and not any(line.startswith("error: ") for line in lines[:-1]), result.stderr
+    assert result.stdout == "" and "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
 
 
 _read_only: list[Path] = []
@@ -549,10 +641,23 @@ def test_bad_input_is_one_line_with_its_exit_code(ws, case):
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.parametrize("tag", ["</s>", "<pad>", "<s>", "<unk>"])
+def test_a_tag_cannot_take_a_control_or_reserved_piece(ws, tag):
+    """Each piece the tokenizer reserves is refused as a tag, in one line naming the config key,
+    before a tokenizer is trained with it."""
+    cfg = corpora_config(ws, "reservedtag", {"tag": tag})
+    result = runner.invoke(app, ["tokenize", "-c", str(cfg)])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {cfg}:") and "Traceback" not in result.output
+    assert f"data.train[1].tag: {tag!r} is the tokenizer's " in lines[0]
+    assert not (ws / "run-reservedtag" / "spm.model").exists()
+
+
 def test_every_case_is_documented():
     table = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.MULTILINE))
-    assert documented == set(CASES) | set(PROCESS_CASES)
+    assert documented == set(CASES) | set(PROCESS_CASES) | set(LOGGED_CASES)
     assert len(CASES) >= 15
 
 

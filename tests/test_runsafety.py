@@ -355,3 +355,31 @@ def test_a_copied_run_trains_the_copy_and_leaves_the_original(trained, tmp_path)
     assert f"resumed from {copy / 'checkpoints' / 'last.safetensors'} at step 3" in result.stderr
     # the config saved into a run does not name a directory: the run is where it lies
     assert yaml.safe_load((copy / "config.yaml").read_text(encoding="utf-8"))["run_dir"] is None
+
+
+def test_the_saved_config_resumes_from_any_directory(tmp_path, monkeypatch):
+    """Data paths given relative to where `train` first ran are saved resolved, so the command
+    training prints at its end (`train --config RUN/config.yaml --resume`) works from elsewhere."""
+    first = tmp_path / "first"
+    (first / "data").mkdir(parents=True)
+    for lang in ("es", "en"):
+        lines = (REPO / "data" / "bible-es-en" / f"valid.{lang}").read_text(encoding="utf-8").splitlines()[:120]
+        (first / "data" / f"small.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = "runs/rel"
+    raw["data"].update(train="data/small", valid="data/small", test="data/small")
+    raw["train"].update(max_steps=2, valid_every=2, tensorboard=False)
+    (first / "rel.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    monkeypatch.chdir(first)
+    result = runner.invoke(app, ["train", "-c", "rel.yaml", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    run = first / "runs" / "rel"
+    saved = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["data"]["train"] == saved["data"]["valid"] == saved["data"]["test"] == str(first / "data" / "small")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["train", "-c", str(run / "config.yaml"), "--resume", "--no-progress",
+                                 "--set", "train.max_steps=4"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "checkpoints" / "last.json").read_text(encoding="utf-8"))["step"] == 4

@@ -17,21 +17,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from seq2seq_cli.data.indices import CHUNK, index_dtype
 from seq2seq_cli.ids import BOS, EOS, PAD
 
 if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
     import pyarrow as pa
 
     from seq2seq_cli.data.encoding import EncodedCorpus
-
-
-CHUNK = 1 << 18  # pairs handled at a time where a whole-corpus temporary would be needed
-
-
-def index_dtype(n: int) -> type[np.signedinteger]:
-    """The integer type of indices below `n`: int32 where they fit, to halve the memory of an
-    epoch's order of ten million pairs."""
-    return np.int32 if n < 2**31 else np.int64
 
 
 def batch_bounds(longest: np.ndarray, max_tokens: int) -> np.ndarray:

@@ -27,17 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from seq2seq_cli.data.encoding import EncodedCorpus, describe_drops, encoded_split
+from seq2seq_cli.data.indices import CHUNK, index_dtype
 from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.errors import UserError
 
 DRAW_STREAM = 0x5EED  # keeps the draws' generators apart from the batch order's (seed, epoch)
-CHUNK = 1 << 18  # rows counted at a time
-
-
-def index_dtype(n: int) -> type[np.signedinteger]:
-    """int32 for indices below `n` where they fit (as batching.index_dtype: this module is
-    imported by batching, not the other way round)."""
-    return np.int32 if n < 2**31 else np.int64
 
 
 @dataclass(frozen=True)
@@ -60,8 +54,10 @@ class Part:
 
     @property
     def per_epoch(self) -> int:
-        """round(weight x pairs kept), half up."""
-        return int(math.floor(self.weight * self.count + 0.5))
+        """round(weight x pairs kept), half up (a product past float's range counted as 2**63:
+        more than any memory holds, which `train` refuses before drawing)."""
+        drawn = self.weight * self.count + 0.5
+        return int(math.floor(drawn)) if math.isfinite(drawn) else 2**63
 
     def record(self) -> dict[str, Any]:
         """This corpus's counts for metrics.jsonl."""
@@ -168,6 +164,10 @@ def encode_corpora(
             raise UserError(f"{config.where('data', 'train', i)}: {entry.path}: no training pairs left after "
                             f"filtering ({describe_drops(corpus, config)})")
         part = Part(entry.path, entry.weight, entry.tag, start, len(corpus), dict(corpus.dropped), tuple(prefix))
+        if not part.per_epoch:
+            raise UserError(f"{config.where('data', 'train', i, 'weight')}: weight {entry.weight:g} draws no pair of the "
+                            f"{part.count} kept in an epoch (round(weight x pairs kept) = 0); give a weight of at least "
+                            f"{0.5 / part.count:.2g}, or leave the corpus out")
         tagged = f", tag {entry.tag}" if entry.tag else ""
         log(f"train: corpus {i} {entry.path}: {part.read} pairs read, {part.count} kept "
             f"({describe_drops(corpus, config)}); weight {entry.weight:g}{tagged}: {part.per_epoch} pairs per epoch")

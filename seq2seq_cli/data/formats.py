@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import check_utf8
+from seq2seq_cli.fileio import BOM, check_utf8, lone_surrogate
 from seq2seq_cli.layout import RunLayout
 
 READ_BATCH = 1000
@@ -59,7 +60,7 @@ def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto")
     if fmt != "text":
         path = Path(value)
         if not path.is_file():
-            raise UserError(f"{path}: file not found (expected a {fmt} file of source and target pairs)")
+            raise UserError(f"{path}: {_not_a_file(path)} (expected a {fmt} file of source and target pairs)")
         return Source(fmt, (path,))
     files = []
     for lang in (src_lang, tgt_lang):
@@ -67,9 +68,27 @@ def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto")
         if not path.is_file() and Path(f"{path}.gz").is_file():
             path = Path(f"{path}.gz")
         if not path.is_file():
-            raise UserError(f"{path}: file not found (expected {value}.{src_lang} and {value}.{tgt_lang}, optionally .gz)")
+            raise UserError(f"{path}: {_not_a_file(path)} (expected {value}.{src_lang} and {value}.{tgt_lang}, "
+                            "optionally .gz)")
         files.append(path)
     return Source("text", tuple(files))
+
+
+def _not_a_file(path: Path) -> str:
+    """What `path`, which is not a regular file, is: 'file not found', 'is a directory', or 'not a
+    regular file (a FIFO)', a link named as such."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "file not found (a link to a missing file)" if path.is_symlink() else "file not found"
+    except OSError as exc:
+        return f"cannot read ({exc.strerror or exc})"
+    link = f"a link to {os.path.realpath(path)}, " if path.is_symlink() else ""
+    if stat.S_ISDIR(mode):
+        return f"is a directory ({link.removesuffix(', ')})" if link else "is a directory"
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    return f"not a regular file ({link}{kind})"
 
 
 def corpus_sources(config) -> list[Source]:
@@ -100,9 +119,9 @@ def _load_lines(path: Path, cache_dir: Path | None):
     datasets = quiet_datasets()
     try:
         # 1 MB read chunks (not 10 MB) keep the memory of reading a large file small
-        return datasets.load_dataset(
+        lines = datasets.load_dataset(
             "text", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None,
-            chunksize=1 << 20,
+            chunksize=1 << 20, encoding="utf-8-sig",  # utf-8, a byte-order mark at the start skipped
         )
     except Exception as exc:  # datasets wraps decoding errors in its own exception types
         cause: BaseException | None = exc
@@ -116,6 +135,13 @@ def _load_lines(path: Path, cache_dir: Path | None):
             raise
         check_utf8(path)  # raises with the file, line and byte of the first invalid UTF-8
         raise UserError(f"{path}: invalid UTF-8 ({cause})") from None
+    if len(lines) and lines[0]["text"].startswith(BOM):  # a compressed file's, which the decoder keeps
+        lines = lines.map(_without_bom, batched=True, batch_size=READ_BATCH, with_indices=True)
+    return lines
+
+
+def _without_bom(batch: dict[str, list[str]], indices: list[int]) -> dict[str, list[str]]:
+    return {"text": [line.removeprefix(BOM) if i == 0 else line for line, i in zip(batch["text"], indices)]}
 
 
 def _parse_tsv(batch: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -154,7 +180,12 @@ def _parse_jsonl(batch: dict[str, list[str]], src_field: str, tgt_field: str) ->
                 fields = ", ".join(repr(m) for m in missing)
                 problem = f'expected string field(s) {fields} (at the top level or under "translation")'
             elif isinstance(s, str) and isinstance(t, str):
-                pair = (s, t)
+                bad = next(((name, u) for name, v in ((src_field, s), (tgt_field, t)) if (u := lone_surrogate(v))), None)
+                if bad is not None:
+                    problem = (f"field {bad[0]!r} holds a lone surrogate ({bad[1]}), which is no character; "
+                               "expected text that UTF-8 can encode")
+                else:
+                    pair = (s, t)
         src.append(pair[0])
         tgt.append(pair[1])
         err.append(problem)

@@ -19,7 +19,7 @@ from seq2seq_cli.config import Config
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps, sha256
-from seq2seq_cli.ids import BOS, EOS, PAD, UNK
+from seq2seq_cli.ids import BOS, EOS, PAD, RESERVED_PIECES, UNK
 from seq2seq_cli.layout import RunLayout
 
 
@@ -147,6 +147,10 @@ def make_tokenizer(config: Config) -> list[Path]:
 def tag_id(sp: Any, tag: str, where: str) -> int:
     """The id of `tag`, which must be one piece of the tokenizer `sp` (a SentencePiece
     processor, or a vocabulary-file tokenizer) -> UserError naming `where` otherwise."""
+    if tag in RESERVED_PIECES:
+        piece_id, role = RESERVED_PIECES[tag]
+        raise UserError(f"{where}: {tag!r} is the tokenizer's {role} piece (id {piece_id}); a tag is a piece of its own, "
+                        f"not one of the reserved {', '.join(RESERVED_PIECES)}")
     vocab = getattr(sp, "vocab", None)
     if isinstance(vocab, dict):  # ids from a vocabulary file (an imported Marian model)
         if tag in vocab:

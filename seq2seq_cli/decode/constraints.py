@@ -39,6 +39,7 @@ Shape legend (as in search.py)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -118,6 +119,159 @@ def _advance(
     return met, new_cur, new_pos, complete, continues | started
 
 
+@dataclass
+class _Rows:
+    """The constraint state of each decoder row (N = b*k rows, or b*M candidates)."""
+
+    met: Tensor  # (N, C) phrases met (padding counts as met)
+    cur: Tensor  # (N,) the phrase in progress, -1: none
+    pos: Tensor  # (N,) its tokens so far
+    ended: Tensor  # (N,) the last token completed a phrase
+    forced_lp: Tensor  # (N,) the log-probability of the constraint tokens taken
+    forced_n: Tensor  # (N,) their number
+
+    def take(self, index: Tensor) -> _Rows:
+        """Rows `index` of each field."""
+        return _Rows(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
+
+
+@dataclass
+class _Candidates:
+    """The candidates of one step, M per sentence: their scores and tokens (b, M), the row each
+    extends and the constraint state after it (b*M rows), and the bank each goes to (b, M)."""
+
+    scores: Tensor  # (b, M) the hypothesis score with the token
+    beam: Tensor  # (b, M) the beam slot extended
+    tok: Tensor  # (b, M) the token
+    parent: Tensor  # (b*M,) the decoder row extended
+    rows: _Rows  # (b*M,) the constraint state after the token
+    bank: Tensor  # (b, M) constraint tokens met after it
+
+
+def _restrict(lprobs: Tensor, rows: _Rows, tokens: Tensor, lengths: Tensor, totals: Tensor, limits: Tensor, step: int,
+              word_start: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Mask `lprobs` (N, V) in place: EOS until every phrase is met, a token that goes on with a
+    word right after a phrase ends (with `word_start`), and anything but constraint tokens for a
+    row that could otherwise not meet its phrases within its limit. tokens (N, C, L), lengths
+    (N, C), totals (N,) and limits (N,) are each row's sentence's -> the next constraint token
+    of each phrase (N, C) and which of them the row may take (N, C): the next of the phrase in
+    progress, else the first of each unmet phrase."""
+    full = (rows.met.long() * lengths).sum(dim=1)  # (N,) tokens of the phrases met
+    unmet = full < totals
+    lprobs[unmet, EOS] = NEG_INF
+    in_progress = rows.cur >= 0
+    index = torch.arange(lprobs.size(0), device=lprobs.device)
+    following = tokens[index, rows.cur.clamp(min=0), rows.pos.clamp(max=tokens.size(2) - 1)]  # (N,)
+    next_tok = torch.where(in_progress[:, None], following[:, None], tokens[:, :, 0])  # (N, C)
+    only_cur = torch.nn.functional.one_hot(rows.cur.clamp(min=0), rows.met.size(1)).bool()
+    allowed = torch.where(in_progress[:, None], only_cur, ~rows.met)  # (N, C)
+    if word_start is not None and rows.ended.any():  # a phrase just met ends a word
+        er = rows.ended.nonzero().squeeze(1)
+        sub = lprobs[er]  # (E, V)
+        ei, ec = allowed[er].nonzero().unbind(1)
+        phrase_start = next_tok[er][ei, ec]
+        kept = sub[ei, phrase_start]
+        sub.masked_fill_(~word_start, NEG_INF)
+        sub[ei, phrase_start] = kept  # the next phrase may follow at once
+        lprobs[er] = sub
+    # A row that could no longer meet its phrases within the limit after another token takes
+    # only constraint tokens.
+    held = unmet & (step + 1 + totals - full > limits)
+    if held.any():
+        hr, hc = (held[:, None] & allowed).nonzero().unbind(1)
+        kept = lprobs[hr, next_tok[hr, hc]]
+        lprobs[held] = NEG_INF
+        lprobs[hr, next_tok[hr, hc]] = kept
+    return next_tok, allowed
+
+
+def _candidates(lprobs: Tensor, scores: Tensor, rows: _Rows, tokens: Tensor, lengths: Tensor, next_tok: Tensor,
+                allowed: Tensor, K: int) -> _Candidates:
+    """The candidates of each sentence: the top 2K of the beam, the constraint tokens, each row's
+    best token; duplicates and constraint padding scored -inf. lprobs (N, V), scores (b, k);
+    tokens (N, C, L) and lengths (N, C) the phrases of each row's sentence."""
+    b, k = scores.shape
+    V, device = lprobs.size(-1), lprobs.device
+    # The top 2K of the beam lie among the rows' own top 2K: two small top-k instead of one over
+    # k * V, and the rows' best tokens come with them.
+    R = min(2 * K, V)
+    row_val, row_tok = lprobs.topk(R, dim=1)  # (N, R), best first
+    beam_row = (row_val + scores.view(-1, 1)).view(b, k * R)
+    top_pos = beam_row.topk(min(2 * K, k * R), dim=1).indices  # (b, 2K) positions in (k, R)
+    top_idx = (top_pos // R) * V + row_tok.view(b, k * R).gather(1, top_pos)
+    beam_of_row = torch.arange(k, device=device).repeat(b)  # (N,)
+    cons_idx = (beam_of_row[:, None] * V + next_tok.clamp(min=0)).masked_fill(~allowed, -1).view(b, -1)  # (b, k*C)
+    best_idx = (beam_of_row * V + row_tok[:, 0]).view(b, k)  # (b, k)
+    idx = torch.cat([top_idx, cons_idx, best_idx], dim=1)  # (b, M)
+    idx, _ = idx.sort(dim=1)
+    dup = torch.zeros_like(idx, dtype=torch.bool)
+    dup[:, 1:] = idx[:, 1:] == idx[:, :-1]
+    invalid = dup | (idx < 0)
+    idx = idx.clamp(min=0)
+    cand_lp = lprobs.view(b, k * V).gather(1, idx).masked_fill(invalid, NEG_INF)  # (b, M) the token's own
+    cand_scores = cand_lp + scores.gather(1, idx // V)
+    M = idx.size(1)
+    cand_beam, cand_tok = idx // V, idx % V
+    parent = (torch.arange(b, device=device)[:, None] * k + cand_beam).view(-1)  # (b*M,)
+    tok = cand_tok.view(-1)
+    met, cur, pos, ended, advanced = _advance(tokens[parent], lengths[parent], rows.met[parent], rows.cur[parent],
+                                              rows.pos[parent], tok)
+    forced_lp = rows.forced_lp[parent] + cand_lp.view(-1).masked_fill(~advanced, 0.0)
+    forced_n = rows.forced_n[parent] + advanced.long()
+    bank = ((met.long() * lengths[parent]).sum(dim=1) + pos).view(b, M)  # (b, M)
+    return _Candidates(cand_scores, cand_beam, cand_tok, parent, _Rows(met, cur, pos, ended, forced_lp, forced_n), bank)
+
+
+def _bank_order(scores: Tensor, bank: Tensor, banks: int) -> Tensor:
+    """Candidate positions (b, M), best first, in round robin over banks: the best of each bank
+    (the higher bank first), then the second best of each, and so on; -inf candidates last."""
+    M = scores.size(1)
+    alive = scores.isfinite()
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    sorted_bank = bank.gather(1, order)
+    onehot = torch.nn.functional.one_hot(sorted_bank, banks)  # (b, M, banks)
+    rank_sorted = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # (b, M)
+    rank = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
+    key = rank * banks + (banks - 1 - bank)
+    key = key.masked_fill(~alive, M * banks * 2)
+    return key.argsort(dim=1, stable=True)
+
+
+def _finish(cands: _Candidates, chosen: Tensor, history: Tensor, active: Tensor, K: int, step: int, opts: DecodeConfig,
+            finished: list[list[Hypothesis]], n_finished: Tensor) -> None:
+    """Record the hypotheses that end with EOS among the K first `chosen` (b, M) of each sentence."""
+    b, M = chosen.shape
+    k = history.size(0) // b
+    chosen_scores = cands.scores.gather(1, chosen)
+    top = min(K, M)
+    ends = (cands.tok.gather(1, chosen)[:, :top] == EOS) & chosen_scores[:, :top].isfinite()  # (b, K)
+    if not ends.any():
+        return
+    i, j = ends.nonzero().unbind(1)
+    sentences = active[i]
+    n_finished.index_add_(0, sentences, torch.ones_like(sentences))
+    ended_rows = i * k + cands.beam[i, chosen[i, j]]
+    c = i * M + chosen[i, j]
+    for s, raw, toks, forced, n_forced in zip(sentences.tolist(), chosen_scores[i, j].tolist(), history[ended_rows].tolist(),
+                                              cands.rows.forced_lp[c].tolist(), cands.rows.forced_n[c].tolist()):
+        finished[s].append(Hypothesis(toks, constrained_score(raw, forced, step + 1, n_forced, opts), raw))
+
+
+def _continue(cands: _Candidates, chosen: Tensor, history: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor, _Rows, Tensor]:
+    """The K best candidates of each sentence (in bank order) that do not end with EOS (M >= K:
+    the top 2K alone give K) -> their scores (b, K), the decoder rows they extend (b*K,), the
+    history with their tokens (b*K, t+1), their constraint state and tokens (b*K,)."""
+    b, M = chosen.shape
+    go = cands.scores.gather(1, chosen).masked_fill(cands.tok.gather(1, chosen) == EOS, NEG_INF)
+    cont_key = (~go.isfinite()).long().argsort(dim=1, stable=True)[:, :K]  # (b, K) positions in `chosen`
+    pick = chosen.gather(1, cont_key)  # (b, K) candidate positions
+    flat_pick = (torch.arange(b, device=chosen.device)[:, None] * M + pick).view(-1)  # (b*K,)
+    rows_next = cands.parent[flat_pick]
+    new_tok = cands.tok.view(-1)[flat_pick]
+    history = torch.cat([history.index_select(0, rows_next), new_tok[:, None]], dim=1)
+    return go.gather(1, cont_key), rows_next, history, cands.rows.take(flat_pick), new_tok
+
+
 @torch.inference_mode()
 def constrained_beam_search(
     model: Seq2SeqTransformer, src: Tensor, opts: DecodeConfig, constraints: list[Phrases], nbest: int = 1,
@@ -144,126 +298,31 @@ def constrained_beam_search(
     active = torch.arange(B, device=device)
     scores = torch.zeros((B, 1), device=device)  # (b, k)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
-    met = phrase_lengths == 0  # (b*k, C): padding counts as met
-    cur = torch.full((B,), -1, dtype=torch.long, device=device)  # (b*k,)
-    pos = torch.zeros(B, dtype=torch.long, device=device)  # (b*k,)
-    ended = torch.zeros(B, dtype=torch.bool, device=device)  # (b*k,) the last token completed a phrase
-    forced_lp = torch.zeros(B, device=device)
-    forced_n = torch.zeros(B, dtype=torch.long, device=device)
+    zeros = torch.zeros(B, dtype=torch.long, device=device)
+    rows = _Rows(phrase_lengths == 0, torch.full((B,), -1, dtype=torch.long, device=device), zeros.clone(),
+                 torch.zeros(B, dtype=torch.bool, device=device), torch.zeros(B, device=device), zeros)
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
     step = 0
     while active.numel():
-        b, k = scores.shape
-        N = b * k
-        sent = active.repeat_interleave(k)  # (N,) the sentence of each row
+        sent = active.repeat_interleave(scores.size(1))  # (N,) the sentence of each row
         row_tokens, row_lengths, row_limits = phrase_tokens[sent], phrase_lengths[sent], limits[sent]
         lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)  # (N, V)
-        V = lprobs.size(-1)
-        full = (met.long() * row_lengths).sum(dim=1)  # (N,) tokens of the phrases met
-        unmet = full < totals[sent]
-        lprobs[unmet, EOS] = NEG_INF
-        # The next constraint tokens of each row: the next of the phrase in progress, else the
-        # first of each unmet phrase.
-        in_progress = cur >= 0
-        rows = torch.arange(N, device=device)
-        following = row_tokens[rows, cur.clamp(min=0), pos.clamp(max=row_tokens.size(2) - 1)]  # (N,)
-        next_tok = torch.where(in_progress[:, None], following[:, None], row_tokens[:, :, 0])  # (N, C)
-        only_cur = torch.nn.functional.one_hot(cur.clamp(min=0), met.size(1)).bool()
-        allowed = torch.where(in_progress[:, None], only_cur, ~met)  # (N, C)
-        if word_start is not None and ended.any():  # a phrase just met ends a word
-            er = ended.nonzero().squeeze(1)
-            sub = lprobs[er]  # (E, V)
-            ei, ec = allowed[er].nonzero().unbind(1)
-            phrase_start = next_tok[er][ei, ec]
-            kept = sub[ei, phrase_start]
-            sub.masked_fill_(~word_start, NEG_INF)
-            sub[ei, phrase_start] = kept  # the next phrase may follow at once
-            lprobs[er] = sub
-        # A row that could no longer meet its phrases within the limit after another token takes
-        # only constraint tokens.
-        held = unmet & (step + 1 + totals[sent] - full > row_limits)
-        if held.any():
-            hr, hc = (held[:, None] & allowed).nonzero().unbind(1)
-            kept = lprobs[hr, next_tok[hr, hc]]
-            lprobs[held] = NEG_INF
-            lprobs[hr, next_tok[hr, hc]] = kept
-        # Candidates: the top 2K of the beam, the constraint tokens, each row's best token. The
-        # top 2K of the beam lie among the rows' own top 2K: two small top-k instead of one over
-        # k * V, and the rows' best tokens come with them.
-        R = min(2 * K, V)
-        row_val, row_tok = lprobs.topk(R, dim=1)  # (N, R), best first
-        beam_row = (row_val + scores.view(-1, 1)).view(b, k * R)
-        top_pos = beam_row.topk(min(2 * K, k * R), dim=1).indices  # (b, 2K) positions in (k, R)
-        top_idx = (top_pos // R) * V + row_tok.view(b, k * R).gather(1, top_pos)
-        beam_of_row = torch.arange(k, device=device).repeat(b)  # (N,)
-        cons_idx = (beam_of_row[:, None] * V + next_tok.clamp(min=0)).masked_fill(~allowed, -1).view(b, -1)  # (b, k*C)
-        best_idx = (beam_of_row * V + row_tok[:, 0]).view(b, k)  # (b, k)
-        idx = torch.cat([top_idx, cons_idx, best_idx], dim=1)  # (b, M)
-        idx, _ = idx.sort(dim=1)
-        dup = torch.zeros_like(idx, dtype=torch.bool)
-        dup[:, 1:] = idx[:, 1:] == idx[:, :-1]
-        invalid = dup | (idx < 0)
-        idx = idx.clamp(min=0)
-        cand_lp = lprobs.view(b, k * V).gather(1, idx).masked_fill(invalid, NEG_INF)  # (b, M) the token's own
-        cand_scores = cand_lp + scores.gather(1, idx // V)
-        M = idx.size(1)
-        cand_beam, cand_tok = idx // V, idx % V
-        parent = (torch.arange(b, device=device)[:, None] * k + cand_beam).view(-1)  # (b*M,)
-        tok = cand_tok.view(-1)
-        new_met, new_cur, new_pos, new_ended, advanced = _advance(
-            row_tokens[parent], row_lengths[parent], met[parent], cur[parent], pos[parent], tok)
-        cand_flp = forced_lp[parent] + cand_lp.view(-1).masked_fill(~advanced, 0.0)
-        cand_fn = forced_n[parent] + advanced.long()
-        bank = ((new_met.long() * row_lengths[parent]).sum(dim=1) + new_pos).view(b, M)  # (b, M)
-        # Round robin over banks: rank within the bank first, then the higher bank.
-        alive = cand_scores.isfinite()
-        order = cand_scores.argsort(dim=1, descending=True, stable=True)
-        sorted_bank = bank.gather(1, order)
-        onehot = torch.nn.functional.one_hot(sorted_bank, banks)  # (b, M, banks)
-        rank_sorted = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # (b, M)
-        rank = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
-        key = rank * banks + (banks - 1 - bank)
-        key = key.masked_fill(~alive, M * banks * 2)
-        chosen = key.argsort(dim=1, stable=True)  # (b, M), best first
-        chosen_scores = cand_scores.gather(1, chosen)
-        chosen_tok = cand_tok.gather(1, chosen)
-        is_eos = chosen_tok == EOS
-        top = min(K, M)
-        ended = is_eos[:, :top] & chosen_scores[:, :top].isfinite()  # (b, K)
-        if ended.any():
-            i, j = ended.nonzero().unbind(1)
-            sentences = active[i]
-            n_finished.index_add_(0, sentences, torch.ones_like(sentences))
-            ended_rows = i * k + cand_beam[i, chosen[i, j]]
-            c = i * M + chosen[i, j]
-            for s, raw, toks, forced, n_forced in zip(sentences.tolist(), chosen_scores[i, j].tolist(),
-                                                      history[ended_rows].tolist(), cand_flp[c].tolist(), cand_fn[c].tolist()):
-                finished[s].append(Hypothesis(toks, constrained_score(raw, forced, step + 1, n_forced, opts), raw))
-        # The K best (in bank order) that do not end here continue (M >= K: the top 2K alone give K).
-        go = chosen_scores.masked_fill(is_eos, NEG_INF)
-        cont_key = (~go.isfinite()).long().argsort(dim=1, stable=True)[:, :K]  # (b, K) positions in `chosen`
-        pick = chosen.gather(1, cont_key)  # (b, K) candidate positions
-        cont_scores = go.gather(1, cont_key)
-        flat_pick = (torch.arange(b, device=device)[:, None] * M + pick).view(-1)  # (b*K,)
-        rows_next = parent[flat_pick]
-        new_tok = tok[flat_pick]
-        history = torch.cat([history.index_select(0, rows_next), new_tok[:, None]], dim=1)
-        met, cur, pos, ended = new_met[flat_pick], new_cur[flat_pick], new_pos[flat_pick], new_ended[flat_pick]
-        forced_lp, forced_n = cand_flp[flat_pick], cand_fn[flat_pick]
+        next_tok, allowed = _restrict(lprobs, rows, row_tokens, row_lengths, totals[sent], row_limits, step, word_start)
+        cands = _candidates(lprobs, scores, rows, row_tokens, row_lengths, next_tok, allowed, K)
+        chosen = _bank_order(cands.scores, cands.bank, banks)  # (b, M), best first
+        _finish(cands, chosen, history, active, K, step, opts, finished, n_finished)
+        scores, rows_next, history, rows, new_tok = _continue(cands, chosen, history, K)
         state.reorder(rows_next)
         state.group = K
-        scores, last = cont_scores, new_tok[:, None]
-        done = (n_finished[active] >= stop) | (step >= limits[active]) | ~cont_scores.isfinite().any(dim=1)
+        last = new_tok[:, None]
+        done = (n_finished[active] >= stop) | (step >= limits[active]) | ~scores.isfinite().any(dim=1)
         if done.any():
             keep_s = (~done).nonzero().squeeze(1)
             keep_rows = (keep_s[:, None] * K + torch.arange(K, device=device)).view(-1)
             state.select(keep_rows)
-            history, last = history.index_select(0, keep_rows), last.index_select(0, keep_rows)
-            met, cur, pos = met.index_select(0, keep_rows), cur.index_select(0, keep_rows), pos.index_select(0, keep_rows)
-            ended = ended.index_select(0, keep_rows)
-            forced_lp, forced_n = forced_lp.index_select(0, keep_rows), forced_n.index_select(0, keep_rows)
+            history, last, rows = history.index_select(0, keep_rows), last.index_select(0, keep_rows), rows.take(keep_rows)
             scores, active = scores.index_select(0, keep_s), active.index_select(0, keep_s)
         step += 1
     return [sorted(f, key=lambda h: h.score, reverse=True)[:nbest] for f in finished]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import BOM
 from seq2seq_cli.layout import RunLayout
 
 STDIN = "<stdin>"
@@ -53,9 +54,11 @@ def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, wh
 
 
 def decode_line(raw: bytes, number: int, name: str = STDIN) -> str:
-    """One line of bytes -> text without its newline; UserError naming `name` and the line."""
+    """One line of bytes -> text without its newline (and, the first line, without a byte-order
+    mark); UserError naming `name` and the line."""
     try:
-        return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        return line.removeprefix(BOM) if number == 1 else line
     except UnicodeDecodeError as exc:
         raise UserError(f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
 

@@ -2,22 +2,25 @@
 
 A constraint file holds one JSON list of target phrases per input line (`[]`: none). A
 glossary holds one term per line, `source term<TAB>target term`; an input line containing a
-source term (whole words, case as in the file, no inflection) gets the target term as a
+source term (whole words, case as in the file, no inflection; both compared in Unicode's
+composed form, NFC, so a term typed decomposed matches) gets the target term as a
 constraint. Both may be given; a line's phrases are then the file's followed by the
 glossary's, each phrase once. Phrases are tokenized with the run's target SentencePiece
-model; every problem is a UserError naming the file and line.
+model, which normalises them as it does the input; every problem is a UserError naming the
+file and line.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import read_lines
+from seq2seq_cli.fileio import lone_surrogate, read_lines
 from seq2seq_cli.ids import UNK
 
 if TYPE_CHECKING:
@@ -35,6 +38,10 @@ def read_constraints(path: Path) -> list[list[str]]:
                             'e.g. ["Moses", "Red Sea"], or [] for none') from None
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise UserError(f"{path}:{number}: expected a JSON list of target phrases (strings), got {line.strip()[:60]}")
+        for k, phrase in enumerate(value, start=1):
+            if (bad := lone_surrogate(phrase)) is not None:
+                raise UserError(f"{path}:{number}: target phrase {k} holds a lone surrogate ({bad}), which is no character; "
+                                "expected text that UTF-8 can encode")
         out.append(value)
     return out
 
@@ -56,7 +63,7 @@ class Glossary:
         """The source terms `line` contains as whole words (not overlapping), in order, each once."""
         if self.pattern is None:
             return []
-        return list(dict.fromkeys(m.group(0) for m in self.pattern.finditer(line)))
+        return list(dict.fromkeys(m.group(0) for m in self.pattern.finditer(unicodedata.normalize("NFC", line))))
 
 
 def read_glossary(path: Path) -> Glossary:
@@ -68,6 +75,7 @@ def read_glossary(path: Path) -> Glossary:
         if "\t" not in line:
             raise UserError(f"{path}:{number}: expected a source term, a TAB and a target term; found no TAB")
         source, target = (part.strip() for part in line.rstrip("\r").split("\t", 1))
+        source = unicodedata.normalize("NFC", source)  # matched against the input line in the same form
         if "\t" in target:
             raise UserError(f"{path}:{number}: expected 2 tab-separated columns (source term, target term), found more")
         if not source:

@@ -44,6 +44,7 @@ from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, UNK
+from seq2seq_cli.layout import CONFIG
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 from seq2seq_cli.run.loaded import LoadedRun, load_run
 
@@ -108,6 +109,7 @@ class Translator:
     _word_start: Tensor | None = field(default=None, repr=False)  # see `word_start`
     ensemble_runs: tuple[Path, ...] = ()  # the run directories of an ensemble's other members
     tag_ids: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
+    tags: tuple[str, ...] | None = None  # the corpus tags the run was trained with; None: any (an imported vocabulary)
 
     @classmethod
     def load(
@@ -143,7 +145,8 @@ class Translator:
         languages = (run.config.data.src_lang, run.config.data.tgt_lang)
         model: Decoder = models[0] if len(models) == 1 else Ensemble(models)
         others = tuple(r.run_dir for r in runs[1:])
-        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others)
+        tags = None if run.config.tokenizer.vocabulary == "file" else tuple(run.config.data.tags)
+        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags)
 
     @property
     def attention_model(self) -> Seq2SeqTransformer:
@@ -160,7 +163,15 @@ class Translator:
         '>>fr<<') in front of every source line, as training put a corpus's tag; None: as it is."""
         if tag is None:
             return self
-        return dataclasses.replace(self, tag_ids=[tag_id(self.src_sp, tag, f"--tag {tag}")])
+        ids = [tag_id(self.src_sp, tag, f"--tag {tag}")]
+        if self.tags is not None and tag not in self.tags:
+            config = self.run_dir / CONFIG if self.run_dir is not None else "the run's config"
+            if not self.tags:
+                raise UserError(f"--tag {tag}: the run was trained without tags (no corpus of data.train of {config} "
+                                "has one); leave out --tag")
+            raise UserError(f"--tag {tag}: the run was trained with the tags {', '.join(self.tags)} (data.train of "
+                            f"{config}); give one of them")
+        return dataclasses.replace(self, tag_ids=ids)
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS (after the tag's id, if any), truncated to what the model's

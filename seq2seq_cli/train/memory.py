@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.config import Config, ModelConfig
+from seq2seq_cli.data.corpora import Part
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.model.info import MemoryEstimate
 from seq2seq_cli.model.transformer import build_model
@@ -71,3 +72,22 @@ def check_fits(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool, de
             f"(model.d_model {cfg.d_model}, ffn_size {cfg.ffn_size}, encoder_layers {cfg.encoder_layers}, "
             f"decoder_layers {cfg.decoder_layers}) or train on a device with more memory"
         )
+
+
+EPOCH_BYTES_PER_PAIR = 24  # an epoch's drawn rows, their order and length keys while its batches are planned
+
+
+def check_epoch_fits(config: Config, parts: list[Part]) -> None:
+    """UserError naming the weight of the corpus that draws the most when the pairs an epoch of
+    the weighted corpora draws need more host memory to plan than there is free."""
+    pairs = sum(p.per_epoch for p in parts)
+    need = pairs * EPOCH_BYTES_PER_PAIR
+    free = available_bytes(torch.device("cpu"))
+    if free is None or need <= free:
+        return
+    i, heaviest = max(enumerate(parts), key=lambda item: item[1].per_epoch)
+    raise UserError(
+        f"{config.where('data', 'train', i, 'weight')}: weight {heaviest.weight:g} draws {heaviest.per_epoch:,} pairs per "
+        f"epoch ({pairs:,} with the other corpora); planning an epoch of them needs {need / GIB:,.1f} GiB, but the host "
+        f"has {free / GIB:,.1f} GiB free; lower the weight"
+    )

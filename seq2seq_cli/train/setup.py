@@ -61,7 +61,7 @@ from seq2seq_cli.run.tokenizing import train_tokenizer
 from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import averaged_copy, restore_count
-from seq2seq_cli.train.memory import check_fits
+from seq2seq_cli.train.memory import check_epoch_fits, check_fits
 from seq2seq_cli.train.metrics import MetricsLog
 from seq2seq_cli.train.state import DeviceTally, TrainState, set_rng_state
 
@@ -148,6 +148,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     src_sp, tgt_sp = load_tokenizers(run_dir, config.tokenizer.joint, config.tokenizer.vocabulary)
     if isinstance(d.train, list):
         train_data, train_caches = encode_corpora(config, src_sp, tgt_sp, log, cached=caches and caches[0])
+        check_epoch_fits(config, train_data.parts or [])
     else:
         train_data = encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log,
                                    cached=caches and caches[0][0])
