@@ -108,6 +108,17 @@ install_wheels() {
     export PYTHONPATH=/tmp/site:$PYTHONPATH
 }
 
+# the final model through the real command: best checkpoint (else last), beam 5 -> $TMP/evaluate.json
+evaluate_best() {
+    local src=data/bible-es-en/test.es ref=data/bible-es-en/test.en
+    if [ "$SMOKE" = 1 ]; then
+        head -n 40 $src >"$TMP/test.es"; head -n 40 $ref >"$TMP/test.en"; src=$TMP/test.es; ref=$TMP/test.en
+    fi
+    "$PYTHON" -m seq2seq_cli evaluate --model "$RUN" --src $src --ref $ref --beam-size 5 --device $DEVICE \
+        --json >"$TMP/evaluate.json" 2>>"$OUT_DIR/${LOG_NAME:-$STAGE}.log" || { note "evaluate failed"; return 1; }
+    log "evaluate --model $RUN (best, else last), beam 5: $(cat "$TMP/evaluate.json")"
+}
+
 # the run directory of `recipe`, or a note of why it is not there
 have_run() {
     [ -f "$RUN/checkpoints/last.safetensors" ] && return 0
@@ -274,14 +285,7 @@ stage_curve() {
             --deadline-s $((deadline - $(elapsed))) --out-json "$TMP/curve.json" --out-png "$OUT_DIR/curve.png" \
             || { ok=0; note "bleu_curve.py failed"; }
         if [ "$(elapsed)" -lt "$deadline" ]; then
-            # the final model through the real command: best checkpoint (else last), beam 5
-            local src=data/bible-es-en/test.es ref=data/bible-es-en/test.en
-            if [ "$SMOKE" = 1 ]; then
-                head -n 40 $src >"$TMP/test.es"; head -n 40 $ref >"$TMP/test.en"; src=$TMP/test.es; ref=$TMP/test.en
-            fi
-            "$PYTHON" -m seq2seq_cli evaluate --model "$RUN" --src $src --ref $ref --beam-size 5 --device $DEVICE \
-                --json >"$TMP/evaluate.json" 2>>"$OUT_DIR/${LOG_NAME:-$STAGE}.log" || { ok=0; note "evaluate failed"; }
-            log "evaluate --model $RUN (best, else last), beam 5: $(cat "$TMP/evaluate.json")"
+            evaluate_best || ok=0
         else
             note "no time left for evaluate of the final model"
         fi
@@ -332,14 +336,8 @@ stage_quick() {
     log "quick: stage recipe, $left s of training"
     MINUTES=$("$PYTHON" -c "print(round($left / 60, 2))") RECIPE_CURVE=0 stage_recipe
     STAGE=evaluate STAGE_START=$(date +%s) NOTES=()
-    local src=data/bible-es-en/test.es ref=data/bible-es-en/test.en
     if have_run; then
-        if [ "$SMOKE" = 1 ]; then
-            head -n 40 $src >"$TMP/test.es"; head -n 40 $ref >"$TMP/test.en"; src=$TMP/test.es; ref=$TMP/test.en
-        fi
-        "$PYTHON" -m seq2seq_cli evaluate --model "$RUN" --src $src --ref $ref --beam-size 5 --device $DEVICE \
-            --json >"$TMP/evaluate.json" 2>>"$OUT_DIR/quick.log" || { ok=0; note "evaluate failed"; }
-        log "evaluate --model $RUN (best, else last), beam 5: $(cat "$TMP/evaluate.json")"
+        evaluate_best || ok=0
     else
         ok=0
     fi

@@ -240,6 +240,17 @@ def look_every(device: torch.device) -> int:
     return 1 if device.type == "cpu" else LOOK_EVERY
 
 
+def look(alive: Tensor, step: int, every: int, room: int) -> tuple[list[int], list[int]] | None:
+    """The host's look after `step` steps, every `every` steps and once past `room` (when every
+    row is done): alive (N,) read once -> (rows kept, rows gone) when some are gone, else None."""
+    if step % every and step <= room:
+        return None
+    flags = alive.tolist()
+    if all(flags):
+        return None
+    return [i for i, a in enumerate(flags) if a], [i for i, a in enumerate(flags) if not a]
+
+
 def output_room(limits: Tensor) -> int:
     """The most output tokens any sentence may get (one read of the device per batch)."""
     return int(limits.max()) if limits.numel() else 0
@@ -287,11 +298,9 @@ def greedy_search(
         history = torch.cat([history, nxt[:, None]], dim=1)
         last = nxt[:, None]
         step += 1
-        if step % every == 0 or step > room:  # the host looks: finished rows leave the batch
-            keep = [i for i, a in enumerate(alive.tolist()) if a]
-            if len(keep) == len(rows_of):
-                continue
-            gone = sorted(set(range(len(rows_of))) - set(keep))
+        looked = look(alive, step, every, room)
+        if looked is not None:  # finished rows leave the batch
+            keep, gone = looked
             lengths, scores, tokens = (x[gone].tolist() for x in (ended_at, ended_total, history))
             for i, n, total, toks in zip(gone, lengths, scores, tokens):
                 penalty = length_penalty(n + 1, opts.length_penalty, opts.length_penalty_type)
@@ -421,11 +430,9 @@ def beam_search(
         scores, last = cont_scores, cont_tok.view(-1, 1)
         alive &= ~((finished.count >= K) | (step >= sentence_limits) | ~cont_scores[:, 0].isfinite())
         step += 1
-        if step % every == 0 or step > room:  # the host looks: sentences done leave the batch
-            keep = [i for i, a in enumerate(alive.tolist()) if a]
-            if len(keep) == len(sentences):
-                continue
-            gone = sorted(set(range(len(sentences))) - set(keep))
+        looked = look(alive, step, every, room)
+        if looked is not None:  # sentences done leave the batch
+            keep, gone = looked
             for i, hyps in zip(gone, finished.read(gone, opts)):
                 results[sentences[i]] = hyps
             index = torch.tensor(keep, dtype=torch.long, device=device)  # (b',)
