@@ -34,6 +34,8 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.languages import LANGUAGE_NAMES
+from seq2seq_cli.decode.sentences import Splitter
+from seq2seq_cli.serve import documents
 from seq2seq_cli.serve.batcher import Batcher, JobOptions, QueueFull
 from seq2seq_cli.serve.page import PAGE
 
@@ -79,6 +81,7 @@ def create_app(translator: Translator, settings: ServeSettings) -> FastAPI:
     batcher = Batcher(translator, settings.batch_wait_ms / 1000.0, settings.max_queue, settings.batching)
     source_lang, target_lang = translator.languages
     requests: Counter[str] = Counter()
+    splitter = Splitter(source_lang)
     responses: Counter[int] = Counter()
 
     @asynccontextmanager
@@ -198,23 +201,26 @@ def create_app(translator: Translator, settings: ServeSettings) -> FastAPI:
         texts = texts_of(data["q"])
         check_pair(data["source"], data["target"])
         fmt = data.get("format") or "text"
-        if fmt != "text":
-            raise RequestError(400, f"format {fmt!r} is not supported; this server translates plain text (format: text)")
+        if fmt not in documents.FORMATS:
+            raise RequestError(400, f"format {fmt!r} is not supported; this server translates format text or html")
         alternatives = as_int(data.get("alternatives") or 0, "alternatives", 0, 16)
         lines = check_size(texts)
         decode_cfg = translator.decode
         if alternatives and not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
             decode_cfg = decode_cfg.model_copy(update={"beam_size": alternatives + 1})
         flat = [line for ls in lines for line in ls]
-        results = await decode(flat, batcher.options(decode_cfg, alternatives + 1))
+        results = [] if fmt == "html" or not alternatives else await decode(flat, batcher.options(decode_cfg, alternatives + 1))
         out_texts, out_alts = [], []
         start = 0
-        for ls in lines:
+        for ls in lines if results else []:
             mine = results[start : start + len(ls)]
             start += len(ls)
             out_texts.append("\n".join(r["translation"] for r in mine))
             ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
             out_alts.append(["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)])
+        if not results:  # sentences joined back into lines, or html with its markup
+            out_texts = await documents.translate_texts(texts, fmt, translator, splitter, decode, batcher.options)
+            out_alts = [[] for _ in texts]
         single = isinstance(data["q"], str)
         body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
         if alternatives:
@@ -279,6 +285,8 @@ def create_app(translator: Translator, settings: ServeSettings) -> FastAPI:
     @app.get("/")
     async def page() -> HTMLResponse:
         return HTMLResponse(PAGE)
+
+    documents.add_file_routes(app, translator, settings.max_chars, check_key, check_pair, RequestError)
 
     started = time.monotonic()
     return app
