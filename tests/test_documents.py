@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lxml import etree
 from typer.testing import CliRunner
 
-from helpers import SHIPPED, train_shipped_tiny
+from helpers import REPO, SHIPPED, train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.markup import Aligned, MarkupDocument
 from seq2seq_cli.decode.sentences import Splitter, plan
@@ -197,3 +197,148 @@ def test_line_options_are_refused_with_a_document_format(run_dir, tmp_path):
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "--format", "html", "--scores"])
     assert r.exit_code == 1
     assert "--scores works line by line; --format html translates a whole document" in r.output
+
+
+# ---------------------------------------------------------------------------------- files
+
+
+def make_docx(path: Path | None = None) -> bytes:
+    import io
+
+    import docx
+
+    document = docx.Document()
+    p = document.add_paragraph("En el principio creó ")
+    p.add_run("Dios").bold = True
+    p.add_run(" los cielos y la ")
+    p.add_run("tierra").italic = True
+    p.add_run(". Y la tierra estaba vacía.")
+    document.add_table(rows=1, cols=1).cell(0, 0).text = "Hola mundo."
+    buffer = io.BytesIO()
+    document.save(buffer)
+    if path is not None:
+        path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def fake_aligned(monkeypatch, reverse: bool = False) -> None:
+    """docx translation by `identity` instead of the model, so that run placement is checked exactly."""
+    from seq2seq_cli.decode import docfiles
+
+    monkeypatch.setattr(docfiles, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
+
+
+def test_docx_runs_keep_their_formatting_on_their_words(monkeypatch):
+    import io
+
+    import docx
+
+    from seq2seq_cli.decode.docfiles import translate_docx
+
+    fake_aligned(monkeypatch)
+    out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
+    runs = [(r.text, r.bold, r.italic) for r in out.paragraphs[0].runs]
+    assert runs == [("En el principio creó ", None, None), ("Dios", True, None), (" los cielos y la ", None, None),
+                    ("tierra", None, True), (". Y la tierra estaba vacía.", None, None)]
+    assert out.tables[0].cell(0, 0).text == "Hola mundo."
+    fake_aligned(monkeypatch, reverse=True)
+    out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
+    bold = [r.text for r in out.paragraphs[0].runs if r.bold]
+    assert bold == ["Dios"] and out.paragraphs[0].text.startswith("tierra. la y")
+
+
+BAD_FILES = {
+    "not-a-docx": ("a.docx", b"plain text, not a zip", "a.docx: not a .docx file (a .docx is a zip archive; this is not one)"),
+    "zip-not-docx": ("b.docx", "zip", "b.docx: not a .docx file (the archive holds no word/document.xml)"),
+    "zip-bomb": ("c.docx", "bomb", "c.docx: refused: it unpacks to 314572800 bytes from"),
+    "empty": ("d.txt", b"", "d.txt: the file is empty (0 bytes)"),
+    "extension": ("e.pdf", b"%PDF-1.4", "e.pdf: .pdf is not supported; send .txt, .html, .htm or .docx"),
+    "not-utf8": ("f.txt", b"\xff\xfe h", "f.txt: not UTF-8 text (invalid byte at 0)"),
+}
+
+
+def bad_file(kind: str) -> tuple[str, bytes, str]:
+    import io
+    import zipfile
+
+    name, data, message = BAD_FILES[kind]
+    if isinstance(data, str):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("word/document.xml" if data == "bomb" else "other.txt", b"\0" * (300 << 20) if data == "bomb" else b"x")
+        data = buffer.getvalue()
+    return name, data, message
+
+
+@pytest.fixture(scope="module")
+def client(run_dir):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from seq2seq_cli.serve.app import ServeSettings, create_app
+
+    app = create_app(Translator.load(run_dir, "cpu", {"beam_size": 2}), ServeSettings(max_chars=3000))
+    with TestClient(app) as c:
+        yield c, app
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_file_gets_one_clear_4xx(client, kind):
+    c, app = client
+    name, data, message = bad_file(kind)
+    r = c.post("/translate_file", files={"file": (name, data)}, data={"source": "es", "target": "en"})
+    assert r.status_code == 400 and r.json()["error"].startswith(message), r.json()
+    assert list(app.state.files.folder.iterdir()) == []
+
+
+def test_files_are_translated_downloaded_once_and_the_folder_emptied(client, run_dir, tmp_path):
+    import io
+
+    import docx
+
+    c, app = client
+    folder = app.state.files.folder
+    r = c.post("/translate_file", files={"file": ("doc.docx", make_docx())}, data={"source": "es", "target": "en"})
+    assert r.status_code == 200, r.json()
+    url = r.json()["translatedFileUrl"]
+    assert re.fullmatch(r"http://testserver/download_file/[0-9a-f]{32}\.doc\.docx", url)
+    assert len(list(folder.iterdir())) == 1
+    got = c.get(url.removeprefix("http://testserver"))
+    assert got.status_code == 200 and "doc.docx" in got.headers["content-disposition"]
+    out = docx.Document(io.BytesIO(got.content))
+    assert [r.bold for r in out.paragraphs[0].runs].count(True) >= 1
+    assert list(folder.iterdir()) == []  # downloaded once, then removed
+    assert c.get(url.removeprefix("http://testserver")).status_code == 404
+    text = "Hola mundo. Adiós.\n\nUno.\n"
+    r = c.post("/translate_file", files={"file": ("t.txt", text.encode())}, data={"source": "es", "target": "en"})
+    got = c.get(r.json()["translatedFileUrl"].removeprefix("http://testserver")).text
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 2})
+    assert got.split("\n") == tr.translate(text.split("\n"), ES)
+    r = c.post("/translate_file", files={"file": ("big.txt", b"hola " * 700)}, data={"source": "es", "target": "en"})
+    assert r.status_code == 413 and r.json()["error"] == "file too large: 3500 characters of text, the limit is 3000"
+    r = c.post("/translate_file", files={"file": ("t.txt", b"hola")}, data={"source": "fr", "target": "en"})
+    assert r.status_code == 400 and "fr is not supported as the source language" in r.json()["error"]
+    assert c.get("/download_file/..%2F..%2Fetc%2Fpasswd").status_code == 404
+    app.state.files.close()
+    assert not folder.exists()
+
+
+def test_translate_a_docx_on_the_command_line(run_dir, tmp_path):
+    import docx
+
+    src, out = tmp_path / "doc.docx", tmp_path / "doc.en.docx"
+    make_docx(src)
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    document = docx.Document(str(out))
+    assert len(document.paragraphs) == 1 and any(r.bold for r in document.paragraphs[0].runs)
+    (tmp_path / "bad.docx").write_bytes(b"nope")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(tmp_path / "bad.docx"), "-o", str(out)])
+    assert r.exit_code == 1 and "bad.docx: not a .docx file" in r.output
+
+
+def test_every_bad_file_is_documented():
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("### Files (`POST /translate_file`)", 1)[1].split("\n## ", 1)[0]
+    ids = set(re.findall(r"^\| (file-[a-z0-9-]+) \|", section, re.MULTILINE))
+    assert ids == {f"file-{kind}" for kind in BAD_FILES} | {"file-too-large", "file-gone"}

@@ -148,8 +148,11 @@ def _render_paragraph(p: _Paragraph, aligned: list[Any]) -> None:
     pending = ""
     for item in _emit(0, len(words), placed, words, seps):
         if isinstance(item, str):
-            if pieces and pieces[-1][1] is not None:  # words no run encloses go with the run before them
-                pieces[-1][1] += item
+            # spacing goes with the run before it when that run ended with a space, else with the
+            # next run; words no run encloses go with the run before them
+            before = pieces[-1] if pieces and pieces[-1][1] is not None else None
+            if before is not None and (item.strip() or before[0].text[-1:].isspace()):
+                before[1] += item
             else:
                 pending += item
             continue

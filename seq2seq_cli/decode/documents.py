@@ -21,7 +21,7 @@ def check_document_options(fmt: str, opts: OutputOptions, prefix: Path | None) -
     """Refuse the options that belong to line-by-line output with a document format."""
     for name, flag in LINE_OPTIONS:
         value = getattr(opts, name)
-        if value not in (None, False, 1):
+        if (value != 1) if name == "nbest" else (value is not None and value is not False):
             raise UserError(f"{flag} works line by line; --format {fmt} translates a whole document (leave it out)")
     if prefix is not None:
         raise UserError(f"--prefix works line by line; --format {fmt} translates a whole document (leave it out)")
