@@ -212,7 +212,7 @@ def make_docx(path: Path | None = None) -> bytes:
     p.add_run("Dios").bold = True
     p.add_run(" los cielos y la ")
     p.add_run("tierra").italic = True
-    p.add_run(". Y la tierra estaba vacía.")
+    p.add_run(" y el mar. Y la tierra estaba vacía.")
     document.add_table(rows=1, cols=1).cell(0, 0).text = "Hola mundo."
     buffer = io.BytesIO()
     document.save(buffer)
@@ -239,12 +239,14 @@ def test_docx_runs_keep_their_formatting_on_their_words(monkeypatch):
     out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
     runs = [(r.text, r.bold, r.italic) for r in out.paragraphs[0].runs]
     assert runs == [("En el principio creó ", None, None), ("Dios", True, None), (" los cielos y la ", None, None),
-                    ("tierra", None, True), (". Y la tierra estaba vacía.", None, None)]
+                    ("tierra", None, True), (" y el mar. Y la tierra estaba vacía.", None, None)]
     assert out.tables[0].cell(0, 0).text == "Hola mundo."
     fake_aligned(monkeypatch, reverse=True)
     out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
-    bold = [r.text for r in out.paragraphs[0].runs if r.bold]
-    assert bold == ["Dios"] and out.paragraphs[0].text.startswith("tierra. la y")
+    runs = out.paragraphs[0].runs
+    assert [r.text for r in runs if r.bold] == ["Dios"] and [r.text for r in runs if r.italic] == ["tierra"]
+    source = "En el principio creó Dios los cielos y la tierra y el mar. Y la tierra estaba vacía."
+    assert out.paragraphs[0].text == " ".join(" ".join(s.split()[::-1]) for s in ES.split(source).sentences)
 
 
 BAD_FILES = {
@@ -306,7 +308,7 @@ def test_files_are_translated_downloaded_once_and_the_folder_emptied(client, run
     got = c.get(url.removeprefix("http://testserver"))
     assert got.status_code == 200 and "doc.docx" in got.headers["content-disposition"]
     out = docx.Document(io.BytesIO(got.content))
-    assert [r.bold for r in out.paragraphs[0].runs].count(True) >= 1
+    assert len(out.paragraphs) == 1 and len(out.tables) == 1  # the runs' placement: the test above
     assert list(folder.iterdir()) == []  # downloaded once, then removed
     assert c.get(url.removeprefix("http://testserver")).status_code == 404
     text = "Hola mundo. Adiós.\n\nUno.\n"
@@ -331,7 +333,7 @@ def test_translate_a_docx_on_the_command_line(run_dir, tmp_path):
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out)])
     assert r.exit_code == 0, r.output
     document = docx.Document(str(out))
-    assert len(document.paragraphs) == 1 and any(r.bold for r in document.paragraphs[0].runs)
+    assert len(document.paragraphs) == 1 and len(document.tables) == 1
     (tmp_path / "bad.docx").write_bytes(b"nope")
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(tmp_path / "bad.docx"), "-o", str(out)])
     assert r.exit_code == 1 and "bad.docx: not a .docx file" in r.output

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.decode.markup import Node, Unit, _emit, _place, _target_range, _word_sources, translate_aligned, translate_markup
+from seq2seq_cli.decode.markup import Node, Unit, _word_sources, translate_aligned, translate_markup
 from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.errors import UserError
 
@@ -139,38 +139,65 @@ def _docx_unit(paragraph: Any, splitter: Splitter) -> _Paragraph | None:
     return _Paragraph(paragraph, unit, nodes)
 
 
+def _owners(p: _Paragraph, spans: list[list[tuple[int, int]]]) -> list[int]:
+    """The text run (index into p.nodes) each target word belongs to: the run holding most of
+    the source subwords it is aligned to; a word aligned to none, the run of the word before."""
+    text_runs = [i for i, n in enumerate(p.nodes) if not n.opaque and n.end > n.start]
+    owners: list[int] = []
+    for word_spans in spans:
+        votes: dict[int, int] = {}
+        for a, b in word_spans:
+            for i in text_runs:
+                if a < p.nodes[i].end and b > p.nodes[i].start:
+                    votes[i] = votes.get(i, 0) + 1
+                    break
+        owners.append(max(votes, key=lambda i: (votes[i], -i)) if votes else (owners[-1] if owners else -1))
+    first = next((o for o in owners if o >= 0), text_runs[0] if text_runs else -1)
+    return [first if o < 0 else o for o in owners]
+
+
+def _space_before(before: Any, after: Any) -> bool:
+    """Whether the space between two runs goes to the end of `before` (else the start of
+    `after`): to the run that had a space on that side, else to the less formatted one."""
+    if after.text[:1].isspace() or before.text[-1:].isspace():
+        return not after.text[:1].isspace()
+
+    def formatting(run: Any) -> int:
+        properties = run._r.rPr
+        return 0 if properties is None else len(properties)
+
+    return formatting(before) <= formatting(after)
+
+
 def _render_paragraph(p: _Paragraph, aligned: list[Any]) -> None:
-    """Write a paragraph's translation into its runs, each run's words in a copy of the run."""
-    unit = p.unit
-    words, seps, spans, sentence_of = _word_sources(unit, aligned)
-    placed = _place(p.nodes, 0, len(words), lambda node: _target_range(node, unit, spans, sentence_of))
-    pieces: list[list[Any]] = []  # [run, text] in output order
-    pending = ""
-    for item in _emit(0, len(words), placed, words, seps):
-        if isinstance(item, str):
-            # spacing goes with the run before it when that run ended with a space, else with the
-            # next run; words no run encloses go with the run before them
-            before = pieces[-1] if pieces and pieces[-1][1] is not None else None
-            if before is not None and (item.strip() or before[0].text[-1:].isspace()):
-                before[1] += item
-            else:
-                pending += item
+    """Write a paragraph's translation into its runs: each stretch of output words that belongs
+    to one run (`_owners`) in that run, or a copy of it; a run that is not text, where it was
+    among the text runs."""
+    words, seps, spans, _ = _word_sources(p.unit, aligned)
+    owners = _owners(p, spans)
+    pieces: list[list[Any]] = []  # [node index, text], in output order
+    for w, (word, owner) in enumerate(zip(words, owners)):
+        if pieces and pieces[-1][0] == owner:
+            pieces[-1][1] += seps[w] + word
             continue
-        node, inner = item
-        pieces.append([node.element, None if node.opaque else pending + "".join(inner)])
-        pending = ""
-    if pending:
-        texts = [x for x in pieces if x[1] is not None]
-        if texts:
-            texts[-1][1] += pending
+        if pieces and seps[w] and _space_before(p.nodes[pieces[-1][0]].element, p.nodes[owner].element):
+            pieces[-1][1] += seps[w]
+            pieces.append([owner, word])
+        else:
+            pieces.append([owner, (seps[w] if pieces else "") + word])
+    for i, node in enumerate(p.nodes):  # runs that are not text follow the text run before them
+        if node.opaque:
+            after = max((k for k, (o, _) in enumerate(pieces) if o < i), default=-1)
+            pieces.insert(after + 1, [i, None])
     parent = p.paragraph._p
     first = min(parent.index(n.element._r) for n in p.nodes)
     for node in p.nodes:
         parent.remove(node.element._r)
     used: set[int] = set()
-    for offset, (run, text) in enumerate(pieces):
-        element = run._r if id(run) not in used else copy.deepcopy(run._r)
-        used.add(id(run))
+    for offset, (index, text) in enumerate(pieces):
+        run = p.nodes[index].element
+        element = run._r if index not in used else copy.deepcopy(run._r)
+        used.add(index)
         parent.insert(first + offset, element)
         if text is not None:
             type(run)(element, run._parent).text = text
