@@ -83,7 +83,8 @@ def tagged(text: str, rng: random.Random, number: int) -> tuple[str, Counter[str
 
 
 def score(hyps: list[str], refs: list[str]) -> dict[str, float]:
-    return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2), "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+    bleu, chrf = sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score
+    return {"bleu": round(bleu, 2), "chrf": round(chrf, 2)}
 
 
 def html_round(translator: Translator, splitter: Splitter, paras: list[str], split_hyps: list[str], refs: list[str],
@@ -125,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
 
     data = REPO / "data" / "bible-es-en"
-    src, tgt, ref = ([line.rstrip("\n") for line in open(data / f"{args.split}.{x}", encoding="utf-8")] for x in ("es", "en", "ref"))
+    src, tgt, ref = ((data / f"{args.split}.{x}").read_text(encoding="utf-8").splitlines() for x in ("es", "en", "ref"))
     rng = random.Random(args.seed)
     groups = paragraphs(ref, rng)
     if args.paragraphs:

@@ -44,7 +44,8 @@ def translate_document(translator: Translator, src: str, out: str, fmt: str, spl
     """Translate the HTML or XML document `src` ('-' = stdin) into `out` ('-' = stdout)."""
     if out != "-":
         inputs = {"input": Path(src)} if src != "-" else {}
-        for run_dir in [*translator.run_dirs()] or [None]:
+        protected: list[Path | None] = [*translator.run_dirs()] or [None]  # None: no run to protect
+        for run_dir in protected:
             check_output(Path(out), inputs, run_dir, "the translation")
     text = read_document(src)
     splitter = splitter or Splitter(translator.languages[0], whole=True)  # --no-split: a text node is one sentence
@@ -66,7 +67,8 @@ def translate_docx_file(translator: Translator, src: str, out: str, splitter: Sp
     if not path.is_file():
         raise UserError(f"{src}: input file not found")
     if out != "-":
-        for run_dir in [*translator.run_dirs()] or [None]:
+        protected: list[Path | None] = [*translator.run_dirs()] or [None]
+        for run_dir in protected:
             check_output(Path(out), {"input": path}, run_dir, "the translation")
     data = path.read_bytes()
     check_file(src, data)
@@ -75,4 +77,7 @@ def translate_docx_file(translator: Translator, src: str, out: str, splitter: Sp
         sys.stdout.buffer.write(result)
         sys.stdout.flush()
     else:
-        atomic_write(Path(out), lambda tmp: Path(tmp).write_bytes(result))
+        def write(tmp: str) -> None:
+            Path(tmp).write_bytes(result)
+
+        atomic_write(Path(out), write)

@@ -200,9 +200,10 @@ def _target_range(node: Node, unit: Unit, spans: list[list[tuple[int, int]]], se
     n, length = len(spans), max(1, len(unit.text))
     covered = {k for k, (a, b) in enumerate(unit.split.spans()) if a < max(node.end, node.start + 1) and b > node.start}
     if node.end > node.start:
-        hit = [w for w, ss in enumerate(spans) if sentence_of[w] in covered and any(a < node.end and b > node.start for a, b in ss)]
+        hit = [w for w, ss in enumerate(spans)
+               if sentence_of[w] in covered and any(a < node.end and b > node.start for a, b in ss)]
         if hit:
-            return min(hit), max(hit) + 1
+            return _densest(hit)
         s = min(n, int(node.start / length * n))
         return s, min(n, max(s + 1, round(node.end / length * n)))
     if node.start >= len(unit.text):
@@ -212,6 +213,19 @@ def _target_range(node: Node, unit: Unit, spans: list[list[tuple[int, int]]], se
         return min(after), min(after)
     s = round(node.start / length * n)
     return s, s
+
+
+def _densest(hit: list[int], gap: int = 2) -> tuple[int, int]:
+    """The words [s, e) of the run of `hit` (sorted word indices) holding the most of them, runs
+    parted where more than `gap` words lie between two hits: a stray alignment far off does not
+    stretch a tag over the words between."""
+    runs = [[hit[0]]]
+    for w in hit[1:]:
+        if w - runs[-1][-1] > gap + 1:
+            runs.append([])
+        runs[-1].append(w)
+    best = max(runs, key=len)
+    return best[0], best[-1] + 1
 
 
 @dataclass

@@ -38,7 +38,7 @@ from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
-from seq2seq_cli.decode.sentences import Splitter, SplitPlan, plan
+from seq2seq_cli.decode.sentences import SplitPlan, Splitter, plan
 from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError

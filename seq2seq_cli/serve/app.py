@@ -31,10 +31,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.languages import LANGUAGE_NAMES
-from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.serve import documents
 from seq2seq_cli.serve.batcher import Batcher, JobOptions, QueueFull
 from seq2seq_cli.serve.page import PAGE

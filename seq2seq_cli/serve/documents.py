@@ -143,7 +143,8 @@ def multipart_fields(content_type: str, body: bytes) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for part in message.iter_parts():
         name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True) or b""
+        payload = part.get_payload(decode=True)
+        payload = payload if isinstance(payload, bytes) else b""
         filename = part.get_filename()
         if isinstance(name, str):
             fields[name] = (filename or "", payload) if filename is not None else payload.decode("utf-8", "replace")
