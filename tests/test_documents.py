@@ -348,3 +348,35 @@ def test_every_bad_file_is_documented():
     section = text.split("### Files (`POST /translate_file`)", 1)[1].split("\n## ", 1)[0]
     ids = set(re.findall(r"^\| (file-[a-z0-9-]+) \|", section, re.MULTILINE))
     assert ids == {f"file-{kind}" for kind in BAD_FILES} | {"file-too-large", "file-gone"}
+
+
+def test_a_browser_loads_a_translated_page(run_dir, tmp_path):
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    verses = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:2]
+    page = tmp_path / "page.html"
+    page.write_text(f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>t</title></head><body>'
+                    f'<p id="p">{verses[0]} <b>{verses[1].split()[0]}</b> <a href="#x">{verses[1]}</a></p></body></html>\n',
+                    encoding="utf-8")
+    out = tmp_path / "page.en.html"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "-o", str(out), "--format", "html"])
+    assert r.exit_code == 0, r.output
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        browser.get(out.as_uri())
+        tags = browser.execute_script("return Array.from(document.querySelectorAll('#p *')).map(e => e.tagName).sort()")
+        assert tags == ["A", "B"]
+        assert browser.execute_script("return document.querySelector('#p a').getAttribute('href')") == "#x"
+    finally:
+        browser.quit()
