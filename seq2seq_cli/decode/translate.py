@@ -388,7 +388,7 @@ class Translator:
         ids = self.encode(units, cut_here)
         if cut is not None:
             cut.extend(sorted({done + owners[i] + 1 for i in cut_here}))
-        if progress is not None and progress.total is not None:  # the bar counts sentences
+        if progress is not None and getattr(progress, "total", None) is not None:  # the bar counts sentences
             progress.total += len(units) - len(split.splits)
             progress.refresh()
         unit_constraints = None if constraints is None else [constraints[o] for o in owners]
