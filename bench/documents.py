@@ -82,6 +82,17 @@ def tagged(text: str, rng: random.Random, number: int) -> tuple[str, Counter[str
     return " ".join(parts), counts
 
 
+def cpu() -> str:
+    """The CPU's model name, family and model (lscpu's), or the machine type."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        return f"{fields['model name']}, family {fields['cpu family']}, model {fields['model']}"
+    except (OSError, KeyError):
+        return platform.machine()
+
+
 def score(hyps: list[str], refs: list[str]) -> dict[str, float]:
     bleu, chrf = sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score
     return {"bleu": round(bleu, 2), "chrf": round(chrf, 2)}
@@ -137,8 +148,8 @@ def main() -> None:
     overrides = {} if args.beam_size is None else {"beam_size": args.beam_size}
     translator = Translator.load(args.model, "cpu", overrides)
     splitter = Splitter(translator.languages[0])
-    figures: dict[str, object] = {"paragraphs": len(groups), "verses": len(verses), "split": args.split,
-                                  "beam_size": translator.decode.beam_size, "cpu": platform.processor() or platform.machine()}
+    figures: dict[str, object] = {"data": args.split, "paragraph_count": len(groups), "verse_count": len(verses),
+                                  "beam_size": translator.decode.beam_size, "cpu": cpu()}
     timings = {}
     start = time.perf_counter()
     lines = translator.translate(paras)
