@@ -75,6 +75,9 @@ ModelsOpt = Annotated[list[Path], typer.Option(
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
 TagOpt = Annotated[str | None, typer.Option(
     "--tag", help="A token put in front of each source line, as a corpus tag was in training: '<bt>', '>>fr<<'.")]
+SplitOpt = Annotated[bool, typer.Option(
+    "--split/--no-split", help="Cut each line into sentences and join their translations with the line's spacing "
+    "(not with --nbest, --scores, --alignment, --attention-plots, nor on a line with constraints or a prefix).")]
 
 # The decoding flags of translate and evaluate, one per DecodeConfig field (in its order): the
 # flag names and help are given here; the type and the lower bound come from the field.
@@ -236,13 +239,18 @@ def translate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
     prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
     tag: TagOpt = None,
+    split: SplitOpt = True,
+    format: Annotated[str, typer.Option("--format", help="text (line by line), or html or xml: the input is one document, its text translated and its markup kept. An input named *.docx is translated as a Word document.")] = "text",
     *,
     decode: dict[str, object],
 ) -> None:
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
+    from seq2seq_cli.decode.sentences import Splitter
     from seq2seq_cli.decode.terms import Terminology
     from seq2seq_cli.decode.translate import OutputOptions, Translator, translate_file
 
+    if format not in ("text", "html", "xml"):
+        raise UserError(f"--format {format!r}: expected text, html or xml")
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
     translator = Translator.load(model, device, decode).with_tag(tag)
     layers = translator.model.cfg.decoder_layers
@@ -250,7 +258,20 @@ def translate(
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
     if attention_head is not None and attention_head >= translator.model.cfg.heads:
         raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
-    opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology)
+    splitter = Splitter(translator.languages[0]) if split else None
+    opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology, splitter)
+    docx = input.lower().endswith(".docx")
+    if format != "text" or docx:
+        from seq2seq_cli.decode.documents import check_document_options, translate_document, translate_docx_file
+
+        check_document_options("docx" if docx else format, opts, prefix)
+        if docx:
+            translate_docx_file(translator, input, output, splitter)
+        else:
+            translate_document(translator, input, output, format, splitter)
+        if output != "-":
+            typer.echo(f"wrote {output}", err=True)
+        return
     count = translate_file(translator, input, output, opts, progress=progress, prefix=prefix)
     if output != "-":
         typer.echo(f"wrote {count} lines to {output}", err=True)
@@ -301,6 +322,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON line.")] = False,
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
+    split: SplitOpt = True,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -319,7 +341,12 @@ def evaluate(
         translator = Translator.load(model, device, decode).with_tag(tag)
     elif tag is not None:
         raise UserError(f"--tag {tag}: goes with --model and --src (it is put in front of each source line)")
-    scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output)
+    splitter = None
+    if translator is not None and split:
+        from seq2seq_cli.decode.sentences import Splitter
+
+        splitter = Splitter(translator.languages[0])
+    scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output, splitter=splitter)
     if as_json:
         typer.echo(json.dumps(scores.as_dict()))
     else:

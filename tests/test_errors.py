@@ -517,6 +517,13 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
                               ["--tag ", ": the run was trained without tags (no corpus of data.train of",
                                "has one); leave out --tag"], 1),
     "flag-missing-required": (lambda ws: ["translate"], ["Missing option '--model'"], 2),
+    # documents
+    "format-unknown": (lambda ws: ["translate", "-m", ws / "run", "--format", "pdf"],
+                       ["--format 'pdf': expected text, html or xml"], 1),
+    "format-line-option": (lambda ws: ["translate", "-m", ws / "run", "--format", "html", "--alignment"],
+                           ["--alignment works line by line; --format html translates a whole document (leave it out)"], 1),
+    "format-xml-broken": (lambda ws: ["translate", "-m", ws / "run", "-i", text_file(ws, "bad.xml", "<a>\n<b></a>\n"), "--format", "xml"],
+                          ["bad.xml:2: not well-formed XML (Opening and ending tag mismatch: b line 2 and a"], 1),
 }
 
 

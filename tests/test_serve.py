@@ -183,7 +183,7 @@ def test_own_endpoint_takes_the_decoding_options_of_translate(server, run_dir, t
     # sampling with a seed: the same samples as translate gives
     status, _, body = server.post("/v1/translate", {"q": lines, "api_key": KEY, "sampling": True, "seed": 7, "top_k": 20})
     assert [r["translation"] for r in body["results"]] == translate_cli(
-        run_dir, tmp_path, lines, "--sampling", "--seed", "7", "--top-k", "20")
+        run_dir, tmp_path, lines, "--sampling", "--seed", "7", "--top-k", "20", "--no-split")  # /v1: a line is a sentence
     status, _, body = server.post("/v1/translate", {"q": lines[0], "api_key": KEY, "alignment": True, "attention": True})
     result = body["results"][0]
     assert result["alignment"] == translate_cli(run_dir, tmp_path, lines[:1], "--beam-size", "3", "--alignment")[0].split("\t")[1]
@@ -209,6 +209,19 @@ def test_prefix_is_the_prefix_of_translate(server, run_dir, tmp_path):
     status, _, body = server.post("/v1/translate", {"q": "\n".join(lines[:2]), "prefix": "\n".join(prefixes[:2]),
                                                     "api_key": KEY})
     assert [r["translation"] for r in body["results"]] == [e.split("\t")[0] for e in expected[0:4:2]]
+
+
+def test_html_keeps_its_markup_and_paragraphs_their_sentences(server, run_dir, tmp_path):
+    from lxml import etree
+
+    q = f'<p>{SENTENCES[0]} <b>{SENTENCES[1].split()[0]}</b> <a href="t.html?a=1&amp;b=2">{SENTENCES[1]}</a></p>'
+    status, _, body = server.post("/translate", {"q": q, "source": "es", "target": "en", "format": "html", "api_key": KEY})
+    assert status == 200, body
+    tree = etree.fromstring(body["translatedText"])
+    assert sorted(e.tag for e in tree.iter()) == ["a", "b", "p"] and tree.find("a").get("href") == "t.html?a=1&b=2"
+    paragraph = " ".join(SENTENCES[:3])
+    status, _, body = server.post("/translate", {"q": paragraph, "source": "es", "target": "en", "api_key": KEY})
+    assert body["translatedText"] == translate_cli(run_dir, tmp_path, [paragraph], "--beam-size", "3")[0]
 
 
 def test_concurrent_clients_each_get_their_own_lines(server):
@@ -256,8 +269,8 @@ BAD = {
                            "de is not supported as the target language; this model translates es to en"),
     "serve-q-type": ("/translate", {"q": 3, "source": "es", "target": "en"}, "application/json", 400,
                      "Invalid request: q must be a string or a list of strings"),
-    "serve-format": ("/translate", {"q": "hola", "source": "es", "target": "en", "format": "html"}, "application/json", 400,
-                     "format 'html' is not supported; this server translates plain text (format: text)"),
+    "serve-format": ("/translate", {"q": "hola", "source": "es", "target": "en", "format": "markdown"}, "application/json", 400,
+                     "format 'markdown' is not supported; this server translates format text or html"),
     "serve-content-type": ("/translate", "hola", "text/plain", 400,
                            "Invalid request: Content-Type 'text/plain' is not supported; send application/json or application/x-www-form-urlencoded"),
     "serve-option-invalid": ("/v1/translate", {"q": "hola", "beam_size": 0}, "application/json", 400,

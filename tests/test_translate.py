@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from conftest import SHIPPED
 from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
+from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import OutputOptions, Translator
 
 runner = CliRunner()
@@ -48,7 +49,8 @@ def test_empty_lines_stay_in_place(run_dir, sentences, tmp_path):
     assert len(got) == len(lines)
     assert got[1] == "" and got[4] == ""
     tr = Translator.load(run_dir, "cpu")
-    assert [g for i, g in enumerate(got) if i not in (1, 4)] == tr.translate([s for i, s in enumerate(lines) if i not in (1, 4)])
+    kept = [s for i, s in enumerate(lines) if i not in (1, 4)]
+    assert [g for i, g in enumerate(got) if i not in (1, 4)] == tr.translate(kept, Splitter("es"))  # lines cut into sentences
 
 
 def test_nbest_with_scores(run_dir, sentences):
@@ -60,7 +62,8 @@ def test_nbest_with_scores(run_dir, sentences):
     for k in range(4):
         scores = [float(row.rsplit("\t", 1)[1]) for row in rows[3 * k : 3 * k + 3]]
         assert scores == sorted(scores, reverse=True)
-    one = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3"], input="\n".join(sentences[:4]) + "\n")
+    one = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3", "--no-split"],  # --nbest: lines whole
+                        input="\n".join(sentences[:4]) + "\n")
     assert one.stdout.splitlines() == [rows[3 * k].rsplit("\t", 1)[0] for k in range(4)]
 
 
@@ -168,7 +171,7 @@ def test_the_progress_bar_is_closed(run_dir, sentences, tmp_path, monkeypatch, t
     src = tmp_path / "in.es"
     src.write_text("\n".join(sentences[:3]) + "\n", encoding="utf-8")
     out = "-" if to_stdout else str(tmp_path / "out.en")
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", out, "--beam-size", "1"])
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", out, "--beam-size", "1", "--no-split"])
     assert r.exit_code == 0, r.output
     (bar,) = Recorder.instances
     assert bar.closed and sum(bar.updates) == 3
@@ -188,7 +191,7 @@ def test_int8_translation_from_the_cli_and_the_run_config(run_dir, sentences, tm
     assert quant.decode.quantize == "int8"
     assert any(type(m).__name__ == "Int8Linear" for m in quant.model.modules())
     assert not any(type(m).__name__ == "Int8Linear" for m in plain.model.modules())
-    assert outs["int8"].read_text(encoding="utf-8").splitlines() == quant.translate(sentences[:8])
+    assert outs["int8"].read_text(encoding="utf-8").splitlines() == quant.translate(sentences[:8], Splitter("es"))
 
 
 def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path):
@@ -203,7 +206,7 @@ def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path
     fp32, bf16 = Translator.load(run_dir, "cpu"), Translator.load(run_dir, "cpu", {"precision": "bf16"})
     assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}  # auto on CPU
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
-    assert out.read_text(encoding="utf-8").splitlines() == bf16.translate(sentences)
+    assert out.read_text(encoding="utf-8").splitlines() == bf16.translate(sentences, Splitter("es"))
     plain, low = fp32.translate_hypotheses(sentences), bf16.translate_hypotheses(sentences)
     same = [a[0].tokens == b[0].tokens for a, b in zip(plain, low)]
     assert sum(same) >= 0.75 * len(same)  # bf16 rounding may flip near ties, not the bulk

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seq2seq_cli.decode.files import check_output
+from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import read_lines, write_lines
@@ -55,10 +56,12 @@ def evaluate(
     hyp: Path | None = None,
     translator: Translator | None = None,
     output: Path | None = None,
+    splitter: Splitter | None = None,
 ) -> Scores:
     """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
     hypotheses to `output` when given). An `output` that is one of the inputs, or lies in the
-    model's run directory, is refused before anything is translated."""
+    model's run directory, is refused before anything is translated. With `splitter`, each
+    source line is cut into sentences and their translations joined back."""
     if output is not None and hyp is not None:
         raise UserError(f"-o {output}: --output writes the translations of --src; with --hyp {hyp} there is nothing "
                         "to translate (leave out -o)")
@@ -79,7 +82,7 @@ def evaluate(
         sources = text_lines(src)
         if len(sources) != len(refs):
             raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be aligned")
-        hyps = translator.translate(sources)
+        hyps = translator.translate(sources, splitter)
         other = src
         if output is not None:
             write_lines(output, hyps)

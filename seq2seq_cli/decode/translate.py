@@ -39,6 +39,7 @@ from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
+from seq2seq_cli.decode.sentences import SplitPlan, Splitter, plan
 from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
@@ -91,6 +92,14 @@ class OutputOptions:
     attention_layer: int = -1  # decoder layer whose cross-attention is used
     attention_head: int | None = None  # None = mean over heads
     terminology: Terminology | None = None  # --constraints and --glossary: target phrases each output holds
+    splitter: Splitter | None = None  # cut each line into sentences and join their translations (see `splits`)
+
+    def splits(self) -> bool:
+        """Whether lines are cut into sentences: with a splitter, and one output per line that
+        is a translation alone (no --nbest, --scores, --alignment or --attention-plots, whose
+        scores, positions and plots are those of one decoded sentence)."""
+        return (self.splitter is not None and self.nbest == 1 and not self.scores and not self.alignment
+                and self.attention_plots is None)
 
 
 @dataclass
@@ -291,9 +300,13 @@ class Translator:
             self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
         return self._word_start
 
-    def translate(self, lines: list[str]) -> list[str]:
-        """Translate sentences (1-best) in input order."""
-        return [self.tgt_sp.decode(h[0].tokens) for h in self.translate_hypotheses(lines)]
+    def translate(self, lines: list[str], splitter: Splitter | None = None) -> list[str]:
+        """Translate sentences (1-best) in input order; with `splitter`, each line is cut into
+        sentences and their translations joined back (`seq2seq_cli/decode/sentences.py`)."""
+        if splitter is None:
+            return [self.tgt_sp.decode(h[0].tokens) for h in self.translate_hypotheses(lines)]
+        split = plan(lines, splitter)
+        return split.join(self.translate(split.units))
 
     def cross_attention(self, src_ids: list[int], tokens: list[int], layer: int, head: int | None) -> Tensor:
         """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
@@ -366,13 +379,9 @@ class Translator:
         `translate_stream`): each chunk is answered before the next is read. `input_name`
         names the input in the messages about its constraints. With `prefix`, input lines
         beyond its lines, or fewer than them, are a UserError."""
-        done = 0
+        done = units_done = 0
         for chunk in chunks:
             chunk = [line.rstrip("\r\n") for line in chunk]
-            cut_here: list[int] = []
-            ids = self.encode(chunk, cut_here)
-            if cut is not None:
-                cut.extend(done + i + 1 for i in cut_here)
             constraints = self.constraints(opts.terminology, chunk, done, input_name)
             prefixes = None if prefix is None else prefix.take(done, len(chunk))
             if constraints and prefixes:
@@ -380,16 +389,56 @@ class Translator:
                     if c and f:
                         raise UserError(f"{input_name}:{done + k + 1}: a line has both constraints and a prefix; "
                                         "give it one or the other")
-            rows: list[str] = []
-            hyps_of = self.translate_hypotheses(chunk, opts.nbest, ids, progress, done, prefixes, constraints)
-            for k, hyps in enumerate(hyps_of):
-                rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
+            # a line with constraints or a prefix is decoded whole: they belong to the line
+            keep_whole = [bool((constraints and constraints[i]) or (prefixes and prefixes[i])) for i in range(len(chunk))]
+            split = plan(chunk, opts.splitter, keep_whole) if opts.splits() and opts.splitter is not None else None
+            if split is None:
+                rows = self.translate_lines(chunk, opts, progress, cut, done, constraints, prefixes)
+            else:
+                rows = self.translate_split(split, opts, progress, cut, done, units_done, constraints, prefixes)
             yield rows
             done += len(chunk)
+            units_done += len(chunk) if split is None else len(split.units)
         if opts.terminology is not None:
             opts.terminology.check_line_count(done, input_name)
         if prefix is not None:
             prefix.check_count(done)
+
+    def translate_lines(
+        self, chunk: list[str], opts: OutputOptions, progress: tqdm | None, cut: list[int] | None, done: int,
+        constraints: list[Phrases] | None, prefixes: list[list[int]] | None,
+    ) -> list[str]:
+        """The output rows of a chunk of lines decoded one per line; `done`: the lines before it."""
+        cut_here: list[int] = []
+        ids = self.encode(chunk, cut_here)
+        if cut is not None:
+            cut.extend(done + i + 1 for i in cut_here)
+        rows: list[str] = []
+        hyps_of = self.translate_hypotheses(chunk, opts.nbest, ids, progress, done, prefixes, constraints)
+        for k, hyps in enumerate(hyps_of):
+            rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
+        return rows
+
+    def translate_split(
+        self, split: SplitPlan, opts: OutputOptions, progress: tqdm | None, cut: list[int] | None, done: int,
+        units_done: int, constraints: list[Phrases] | None, prefixes: list[list[int]] | None,
+    ) -> list[str]:
+        """The output lines of a chunk cut into sentences (`split`): its units decoded as one
+        batch and joined back, one line per line. `done`, `units_done`: the lines and units before
+        the chunk (units seed sampling); a line cut to the model's positions is counted once."""
+        units, owners = split.units, split.owners
+        cut_here: list[int] = []
+        ids = self.encode(units, cut_here)
+        if cut is not None:
+            cut.extend(sorted({done + owners[i] + 1 for i in cut_here}))
+        if progress is not None and getattr(progress, "total", None) is not None:  # the bar counts sentences
+            progress.total += len(units) - len(split.splits)
+            progress.refresh()
+        unit_constraints = None if constraints is None else [constraints[o] for o in owners]
+        unit_prefixes = None if prefixes is None else [prefixes[o] for o in owners]
+        hyps_of = self.translate_hypotheses(units, 1, ids, progress, units_done, unit_prefixes, unit_constraints)
+        outputs = [self.format(units_done + k, units[k], ids[k], hyps, opts)[0] for k, hyps in enumerate(hyps_of)]
+        return split.join(outputs)
 
     def constraints(self, terms: Terminology | None, lines: list[str], first: int, input_name: str) -> list[Phrases] | None:
         """The constraint phrases (target ids) of `lines`, the input lines `first`.. (from 0),

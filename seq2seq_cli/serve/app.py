@@ -31,8 +31,8 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seq2seq_cli.decode.translate import Translator
-from seq2seq_cli.serve import status, translation
-from seq2seq_cli.serve.parse import REQUEST_DECODE_KEYS, V1_KEYS, RequestError, error_response
+from seq2seq_cli.serve import documents, status, translation
+from seq2seq_cli.serve.parse import REQUEST_DECODE_KEYS, V1_KEYS, RequestError, check_key, check_pair, error_response
 from seq2seq_cli.serve.state import AppState, ServeSettings, app_state, path_label
 
 __all__ = ["REQUEST_DECODE_KEYS", "ROUTERS", "V1_KEYS", "ServeSettings", "create_app"]
@@ -61,7 +61,9 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
     app.middleware("http")(count)
     for router in routers:
         app.include_router(router)
-        state.routes += [route for route in router.routes if isinstance(route, APIRoute)]
+    documents.add_file_routes(app, translator, settings.max_chars, lambda fields, request: check_key(state, fields, request),
+                              lambda source, target: check_pair(state, source, target), RequestError)
+    state.routes = [route for route in app.routes if isinstance(route, APIRoute)]
     for route in state.routes:
         if route.methods is not None and "GET" in route.methods:
             route.methods.add("HEAD")  # answered as a GET, the server leaving out the body

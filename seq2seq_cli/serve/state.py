@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.routing import Match
 
+from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.serve.batcher import Batcher
 
@@ -40,15 +41,16 @@ class AppState:
     translator: Translator
     settings: ServeSettings
     batcher: Batcher
+    splitter: Splitter  # cuts LibreTranslate's texts into sentences (the source language's rules)
     requests: Counter[str] = field(default_factory=Counter)  # by route path, OTHER_PATHS for the rest
     responses: Counter[int] = field(default_factory=Counter)  # by status
     started: float = field(default_factory=time.monotonic)
-    routes: list[APIRoute] = field(default_factory=list)  # every route of the app's routers
+    routes: list[APIRoute] = field(default_factory=list)  # every route of the app
 
     @classmethod
     def create(cls, translator: Translator, settings: ServeSettings) -> AppState:
         batcher = Batcher(translator, settings.batch_wait_ms / 1000.0, settings.max_queue, settings.batching)
-        return cls(translator, settings, batcher)
+        return cls(translator, settings, batcher, Splitter(translator.languages[0]))
 
     @property
     def languages(self) -> tuple[str, str]:

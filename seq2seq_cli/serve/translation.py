@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.languages import LANGUAGE_NAMES
+from seq2seq_cli.serve import documents
 from seq2seq_cli.serve.batcher import JobOptions, QueueFull
 from seq2seq_cli.serve.parse import (
     REQUEST_DECODE_KEYS,
@@ -48,23 +49,27 @@ async def libretranslate(request: Request) -> JSONResponse:
     texts = texts_of(data["q"])
     check_pair(state, data["source"], data["target"])
     fmt = data.get("format") or "text"
-    if fmt != "text":
-        raise RequestError(400, f"format {clip(repr(fmt))} is not supported; this server translates plain text (format: text)")
+    if fmt not in documents.FORMATS:
+        raise RequestError(400, f"format {clip(repr(fmt))} is not supported; this server translates format text or html")
     alternatives = as_int(data.get("alternatives") or 0, "alternatives", 0, 16)
     lines = check_size(state, texts)
     decode_cfg = state.translator.decode
     if alternatives and not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
         decode_cfg = decode_options(state, {"beam_size": alternatives + 1})
     flat = [line for ls in lines for line in ls]
-    results = await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
+    results = [] if fmt == "html" or not alternatives else await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
     out_texts, out_alts = [], []
     start = 0
-    for ls in lines:
+    for ls in lines if results else []:
         mine = results[start : start + len(ls)]
         start += len(ls)
         out_texts.append("\n".join(r["translation"] for r in mine))
         ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
         out_alts.append(["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)])
+    if not results:  # sentences joined back into lines, or html with its markup
+        out_texts = await documents.translate_texts(texts, fmt, state.translator, state.splitter,
+                                                    lambda lines, options: decode(state, lines, options), state.batcher.options)
+        out_alts = [[] for _ in texts]
     single = isinstance(data["q"], str)
     body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
     if alternatives:

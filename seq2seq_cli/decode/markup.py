@@ -1,0 +1,416 @@
+"""Markup carried through translation: HTML and XML, inline tags kept around the words they enclosed.
+
+A document is read with lxml and cut into units: the text a block element holds directly,
+its inline elements (<b>, <i>, <a href>, <span> ...) included, is one unit, translated in
+context (split into sentences, `sentences.py`) with its tags taken out. Each translated word
+is aligned to source subwords by the model's cross-attention (the argmax per output token, as
+`translate --alignment` gives it); an inline element then encloses the target words aligned
+to the source text it enclosed (the first to the last of them, within the sentences it
+covered), nested as in the source; siblings that would overlap are cut at the earlier one's
+end. An element holding no text (<br>, <img>, a comment, a script) is put before the target
+word aligned to the source word after it. Where no word is aligned, the element keeps its
+relative position in the unit. Every element of the source is in the output, with its
+attributes; whitespace inside a unit's text is collapsed to single spaces (as a browser
+shows it), the unit's leading and trailing whitespace kept.
+
+Never translated, kept as they are: <script>, <style>, <code>, <pre>, <kbd>, <samp>, <var>,
+<textarea>, <svg>, <math>, <template>, <noscript>, comments, processing instructions,
+XML entity references, attributes, and any element with translate="no" or class "notranslate".
+HTML's inline elements are its phrasing elements; in XML, an element is inline when its parent
+holds text of its own beside it (mixed content) and a block otherwise.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from seq2seq_cli.decode.sentences import Split, Splitter
+from seq2seq_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from seq2seq_cli.decode.translate import Translator
+
+FORMATS = ("text", "html", "xml")
+INLINE_HTML = frozenset(
+    "a abbr b bdi bdo big cite data del dfn em font i ins label mark nobr q rp rt ruby s small span strike strong sub "
+    "sup time tt u".split())
+EMPTY_HTML = frozenset("br img wbr input button select embed audio video canvas picture source track".split())
+OPAQUE_INLINE = frozenset("script style code kbd samp var svg math".split())  # kept whole, as a word-less anchor
+OPAQUE_BLOCK = frozenset("pre textarea template noscript iframe object head".split())  # kept whole, a unit break
+SPACE = re.compile(r"\s+")
+
+
+@dataclass
+class Node:
+    """An inline element of a unit: its characters [start, end) in the unit's text, and its
+    inline children; `opaque` ones (no text of theirs translated) have start == end."""
+
+    element: Any
+    start: int
+    end: int = -1
+    opaque: bool = False
+    children: list[Node] = field(default_factory=list)
+
+
+@dataclass
+class Unit:
+    """The text a container element holds directly between two of its block children (or its
+    start or end), with the inline elements there."""
+
+    parent: Any
+    anchor: Any  # the block child whose tail starts the unit; None: the parent's text
+    lead: str = ""  # whitespace the unit starts with, kept
+    trail: str = ""  # whitespace it ends with, kept
+    text: str = ""  # its text, whitespace collapsed, tags taken out
+    root: Node = field(default_factory=lambda: Node(None, 0))
+    split: Split | None = None
+
+
+@dataclass
+class Aligned:
+    """A translated sentence as words, each with the source subwords its tokens attend to most."""
+
+    words: list[str]
+    links: list[list[int]]  # per word: indices into `sources`
+    sources: list[tuple[int, int]]  # character span of each source subword in the sentence
+
+
+def _tag(el: Any) -> str:
+    return el.tag.rsplit("}", 1)[-1].lower() if isinstance(el.tag, str) else ""
+
+
+def _untranslated(el: Any, html_rules: bool) -> bool:
+    """Whether an element's content is kept as it is (no text of its translated)."""
+    if not isinstance(el.tag, str):  # comment, processing instruction, entity
+        return True
+    if el.get("translate") == "no" or any(k.endswith("}translate") and v == "no" for k, v in el.attrib.items()):
+        return True
+    if html_rules:
+        return _tag(el) in OPAQUE_INLINE or _tag(el) in OPAQUE_BLOCK or "notranslate" in (el.get("class") or "").split()
+    return False
+
+
+def _mixed(parent: Any) -> bool:
+    return bool((parent.text or "").strip()) or any((c.tail or "").strip() for c in parent)
+
+
+def _inline(el: Any, html_rules: bool) -> bool:
+    """Whether an element sits in the flow of its parent's text (else it is a block)."""
+    if html_rules:
+        tag = _tag(el)
+        if not isinstance(el.tag, str) or tag in OPAQUE_INLINE or tag in EMPTY_HTML:
+            return True
+        if tag not in INLINE_HTML:
+            return False
+        return _untranslated(el, True) or all(_inline(c, True) for c in el)
+    parent = el.getparent()
+    return not isinstance(el.tag, str) or (parent is not None and _mixed(parent))
+
+
+class _Builder:
+    """Collects a unit's text with whitespace collapsed."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
+        self.parts: list[str] = []
+        self.length = 0
+
+    def add(self, raw: str | None) -> None:
+        text = SPACE.sub(" ", raw or "")
+        if text.startswith(" ") and (self.length == 0 or self.parts[-1].endswith(" ")):
+            text = text[1:]
+        if text:
+            self.parts.append(text)
+            self.length += len(text)
+
+    def node(self, el: Any, html_rules: bool) -> Node:
+        if _untranslated(el, html_rules) or (html_rules and _tag(el) in EMPTY_HTML):
+            node = Node(el, self.length, self.length, opaque=True)
+            if _tag(el) == "br":
+                self.add(" ")  # a line break parts words
+            return node
+        node = Node(el, self.length)
+        self.add(el.text)
+        for child in el:
+            node.children.append(self.node(child, html_rules))
+            self.add(child.tail)
+        node.end = self.length
+        return node
+
+
+def _units(container: Any, html_rules: bool) -> Iterator[Unit]:
+    """The units of `container` and of the block elements inside it, in document order."""
+    if _untranslated(container, html_rules):
+        return
+    unit = Unit(container, None)
+    builder = _Builder(unit)
+    raw = [container.text or ""]
+    builder.add(container.text)
+    for child in container:
+        if _inline(child, html_rules):
+            unit.root.children.append(builder.node(child, html_rules))
+            builder.add(child.tail)
+            raw.append(child.tail or "")
+            continue
+        yield _finish(unit, builder, raw)
+        yield from _units(child, html_rules)
+        unit = Unit(container, child)
+        builder = _Builder(unit)
+        raw = [child.tail or ""]
+        builder.add(child.tail)
+    yield _finish(unit, builder, raw)
+
+
+def _finish(unit: Unit, builder: _Builder, raw: list[str]) -> Unit:
+    text = "".join(builder.parts)
+    unit.text = text.rstrip()
+    unit.root.end = len(unit.text)
+    unit.lead = raw[0][: len(raw[0]) - len(raw[0].lstrip())]
+    unit.trail = raw[-1][len(raw[-1].rstrip()):] if len(raw) > 1 or raw[0].strip() else ""
+    return unit
+
+
+# ---------------------------------------------------------------------------------- placing tags
+
+
+def _word_sources(unit: Unit, aligned: list[Aligned]) -> tuple[list[str], list[str], list[list[tuple[int, int]]], list[int]]:
+    """The unit's target words, the separator before each, the source spans (unit characters)
+    each is aligned to, and each word's sentence."""
+    assert unit.split is not None
+    words: list[str] = []
+    seps: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    sentence_of: list[int] = []
+    for k, ((start, _), a) in enumerate(zip(unit.split.spans(), aligned)):
+        for j, (word, links) in enumerate(zip(a.words, a.links)):
+            seps.append(" " if j else (unit.split.gaps[k] if words else ""))
+            words.append(word)
+            spans.append([(start + a.sources[i][0], start + a.sources[i][1]) for i in links if 0 <= i < len(a.sources)])
+            sentence_of.append(k)
+    return words, seps, spans, sentence_of
+
+
+def _target_range(node: Node, unit: Unit, spans: list[list[tuple[int, int]]], sentence_of: list[int]) -> tuple[int, int]:
+    """The words [s, e) a node encloses in the translation (e == s: a slot before word s)."""
+    assert unit.split is not None
+    n, length = len(spans), max(1, len(unit.text))
+    covered = {k for k, (a, b) in enumerate(unit.split.spans()) if a < max(node.end, node.start + 1) and b > node.start}
+    if node.end > node.start:
+        hit = [w for w, ss in enumerate(spans)
+               if sentence_of[w] in covered and any(a < node.end and b > node.start for a, b in ss)]
+        if hit:
+            return _densest(hit)
+        s = min(n, int(node.start / length * n))
+        return s, min(n, max(s + 1, round(node.end / length * n)))
+    if node.start >= len(unit.text):
+        return n, n
+    after = [w for w, ss in enumerate(spans) if sentence_of[w] in covered and any(a >= node.start for a, _ in ss)]
+    if after:
+        return min(after), min(after)
+    s = round(node.start / length * n)
+    return s, s
+
+
+def _densest(hit: list[int], gap: int = 2) -> tuple[int, int]:
+    """The words [s, e) of the run of `hit` (sorted word indices) holding the most of them, runs
+    parted where more than `gap` words lie between two hits: a stray alignment far off does not
+    stretch a tag over the words between."""
+    runs = [[hit[0]]]
+    for w in hit[1:]:
+        if w - runs[-1][-1] > gap + 1:
+            runs.append([])
+        runs[-1].append(w)
+    best = max(runs, key=len)
+    return best[0], best[-1] + 1
+
+
+@dataclass
+class _Placed:
+    node: Node
+    start: int
+    end: int
+    children: list[_Placed]
+
+
+def _place(nodes: list[Node], lo: int, hi: int, where: Callable[[Node], tuple[int, int]]) -> list[_Placed]:
+    """Target ranges of sibling nodes inside [lo, hi], sorted and made not to overlap."""
+    placed = []
+    for node in nodes:
+        s, e = where(node)
+        s, e = min(max(s, lo), hi), min(max(e, lo), hi)
+        placed.append(_Placed(node, s, max(s, e), []))
+    placed.sort(key=lambda p: (p.start, p.end > p.start))  # stable: source order among equals
+    cursor = lo
+    for p in placed:
+        p.start = max(p.start, cursor)
+        p.end = max(p.end, p.start)
+        cursor = p.end
+        p.children = _place(p.node.children, p.start, p.end, where)
+    return placed
+
+
+def _emit(lo: int, hi: int, kids: list[_Placed], words: list[str], seps: list[str]) -> list[Any]:
+    """The content of [lo, hi): strings and (node, content) pairs, spaces outside the tags."""
+    out: list[Any] = []
+    k, i = lo, 0
+    while True:
+        if lo < k < hi:
+            out.append(seps[k])
+        moved = False
+        while i < len(kids) and kids[i].start == k:
+            kid = kids[i]
+            i += 1
+            out.append((kid.node, _emit(kid.start, kid.end, kid.children, words, seps)))
+            if kid.end > k:
+                k, moved = kid.end, True
+                break
+        if moved:
+            continue
+        if k >= hi:
+            return out
+        out.append(words[k])
+        k += 1
+
+
+def _write(parent: Any, anchor: Any, old: list[Any], content: list[Any]) -> None:
+    """Put `content` (strings and (node, content)) into `parent` after `anchor` (None: at its
+    start), in place of the elements `old`."""
+    for el in old:
+        parent.remove(el)
+    index = 0 if anchor is None else parent.index(anchor) + 1
+    texts: list[str] = []
+    last: Any = anchor
+    for item in content + [None]:
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        joined = "".join(texts) or None
+        if last is None:
+            parent.text = joined
+        else:
+            last.tail = joined
+        texts = []
+        if item is None:
+            break
+        node, inner = item
+        if not node.opaque:
+            for child in list(node.element):
+                node.element.remove(child)
+            _write(node.element, None, [], inner)
+        parent.insert(index, node.element)
+        index += 1
+        last = node.element
+
+
+def render_unit(unit: Unit, aligned: list[Aligned]) -> None:
+    """Write a unit's translation (one `Aligned` per sentence of its split) into the tree."""
+    words, seps, spans, sentence_of = _word_sources(unit, aligned)
+    placed = _place(unit.root.children, 0, len(words), lambda node: _target_range(node, unit, spans, sentence_of))
+    content = [unit.lead, *_emit(0, len(words), placed, words, seps), unit.trail]
+    _write(unit.parent, unit.anchor, [n.element for n in unit.root.children], content)
+
+
+# ---------------------------------------------------------------------------------- documents
+
+
+class MarkupDocument:
+    """An HTML or XML document (or HTML fragment) whose text is to be translated: `sentences`
+    to translate, then `render` with their aligned translations."""
+
+    def __init__(self, text: str, fmt: str, splitter: Splitter, name: str = "the input") -> None:
+        from lxml import etree
+        from lxml import html as lhtml
+
+        self.fmt = fmt
+        self.fragment = False
+        found = re.match(r"\s*<\?xml[^>]*\?>\s*", text)
+        self.declaration = found.group(0) if found else ""  # kept as it was written
+        self.end = text[len(text.rstrip()):]  # the whitespace after the document, kept
+        if fmt == "xml":
+            parser = etree.XMLParser(resolve_entities=False, strip_cdata=False)
+            try:
+                self.root = etree.fromstring(text.encode("utf-8"), parser)
+            except etree.XMLSyntaxError as exc:
+                raise UserError(f"{name}:{exc.lineno}: not well-formed XML ({exc.msg})") from None
+        elif re.match(r"\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*<(!doctype|html)", text, re.I | re.S):
+            self.root = lhtml.document_fromstring(text)
+        else:
+            self.fragment = True
+            self.root = lhtml.fragment_fromstring(text, create_parent="div")
+        html_rules = fmt == "html"
+        self.units = [u for u in _units(self.root, html_rules) if u.text]
+        for unit in self.units:
+            unit.split = splitter.split(unit.text)
+
+    @property
+    def sentences(self) -> list[str]:
+        return [s for u in self.units for s in (u.split.sentences if u.split else [])]
+
+    def render(self, aligned: list[Aligned]) -> str:
+        """The document with its text replaced by the translations (one per `sentences`)."""
+        from lxml import etree
+        from lxml import html as lhtml
+
+        k = 0
+        for unit in self.units:
+            n = len(unit.split.sentences) if unit.split else 0
+            render_unit(unit, aligned[k : k + n])
+            k += n
+        if self.fragment:
+            head = html.escape(self.root.text or "", quote=False)
+            return head + "".join(lhtml.tostring(c, encoding="unicode") for c in self.root)
+        if self.fmt == "html":
+            return str(etree.tostring(self.root.getroottree(), method="html", encoding="unicode")).rstrip() + self.end
+        body = str(etree.tostring(self.root.getroottree(), encoding="unicode"))
+        return self.declaration + body.rstrip() + self.end
+
+
+def aligned(translator: Translator, sentence: str, tokens: list[int], links: list[int]) -> Aligned:
+    """One translated sentence as words with their aligned source subwords; `links`: for each
+    output token, the source piece (of the sentence, a tag not counted) it attends to most."""
+    sp = translator.src_sp
+    raw = sentence.encode("utf-8")
+    sources = []
+    for piece in sp.encode(sentence, return_type="proto").pieces:
+        start = len(raw[: piece.begin].decode("utf-8", errors="ignore"))
+        end = len(raw[: piece.end].decode("utf-8", errors="ignore"))
+        surface = sentence[start:end]
+        sources.append((start + len(surface) - len(surface.lstrip()), end))
+    groups: list[list[int]] = []  # token positions of each word
+    for j, tok in enumerate(tokens):
+        if not groups or translator.tgt_sp.id_to_piece(tok).startswith("\u2581"):
+            groups.append([])
+        groups[-1].append(j)
+    words = [translator.tgt_sp.decode([tokens[j] for j in g]) for g in groups]
+    kept = [(w, [links[j] for j in g if j < len(links)]) for w, g in zip(words, groups) if w]
+    return Aligned([w for w, _ in kept], [ls for _, ls in kept], sources)
+
+
+def translate_aligned(translator: Translator, sentences: list[str]) -> list[Aligned]:
+    """Translate sentences (1-best) and align each output token to a source piece by the last
+    decoder layer's cross-attention (mean over heads)."""
+    if not sentences:
+        return []
+    ids = translator.encode(sentences)
+    out = []
+    skip = len(translator.tag_ids)
+    for sentence, src, hyps in zip(sentences, ids, translator.translate_hypotheses(sentences, 1, ids)):
+        tokens = hyps[0].tokens
+        links: list[int] = []
+        if tokens and len(src) - 1 > skip:
+            attention = translator.cross_attention(src, tokens, -1, None)
+            links = attention[: len(tokens), skip : len(src) - 1].argmax(dim=1).tolist()
+        out.append(aligned(translator, sentence, tokens, links))
+    return out
+
+
+def translate_markup(translator: Translator, text: str, fmt: str, splitter: Splitter, name: str = "the input") -> str:
+    """An HTML or XML document (or HTML fragment) translated, its markup carried through."""
+    if not text.strip():
+        return text
+    doc = MarkupDocument(text, fmt, splitter, name)
+    return doc.render(translate_aligned(translator, doc.sentences))

@@ -1,0 +1,138 @@
+"""Sentences in, paragraphs out: a line split into sentences and the translations joined back.
+
+A model learns sentences; a line of a user's file is often a paragraph. Each line is cut into
+sentences by `sentencex` (Wikimedia's splitter: rules and abbreviation lists for ~300
+languages, no model to download), the sentences of a whole chunk are translated as one batch,
+and each line's translations are joined back with the line's own spacing between them, one
+output line per input line. A line that is one sentence is translated exactly as before.
+
+The splitter was chosen by measuring on the shipped Spanish validation verses (two verses of
+a chapter joined with a space: is the boundary between them found; and how often is a single
+verse cut), on 571 pairs: sentencex found 0.651 of the boundaries and cut 37 single verses in
+under 0.05 s; pysbd 0.653, 35 cuts, 1.1 s; sentence-splitter (Koehn-Schroeder) 0.664, 33, 0.3 s. The three find
+the same boundaries (the ones they miss end in ':' or ';', where this translation of the Bible
+ends many verses); sentencex is by far the fastest and covers the most languages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Split:
+    """A text cut into sentences: text == gaps[0] + sentences[0] + gaps[1] + ... + sentences[-1] + gaps[-1]."""
+
+    sentences: list[str]
+    gaps: list[str]  # len(sentences) + 1: leading whitespace, the spacing between sentences, trailing whitespace
+
+    def join(self, translations: list[str]) -> str:
+        """The translations of the sentences with the text's spacing between them (not its
+        leading and trailing whitespace: a translation is a stripped line, as without splitting)."""
+        if len(translations) != len(self.sentences):
+            raise ValueError(f"{len(translations)} translations for {len(self.sentences)} sentences")
+        if not translations:
+            return ""
+        out = [translations[0]]
+        for gap, text in zip(self.gaps[1:-1], translations[1:]):
+            out += [gap, text]
+        return "".join(out)
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(start, end) of each sentence in the text, in characters."""
+        spans, pos = [], len(self.gaps[0])
+        for sentence, gap in zip(self.sentences, self.gaps[1:]):
+            spans.append((pos, pos + len(sentence)))
+            pos += len(sentence) + len(gap)
+        return spans
+
+
+class Splitter:
+    """Sentence splitter for one language (a code sentencex knows falls back to its defaults);
+    `whole`: a text is one sentence (no splitting, its surrounding whitespace taken off)."""
+
+    def __init__(self, language: str, whole: bool = False) -> None:
+        self.language = language
+        self.whole = whole
+
+    def split(self, text: str) -> Split:
+        """`text` cut into sentences, each without surrounding whitespace; blank text: none."""
+        import sentencex
+
+        if not text.strip():
+            return Split([], [text])
+        if self.whole:
+            core = text.strip()
+            start = text.index(core)
+            return Split([core], [text[:start], text[start + len(core):]])
+        sentences: list[str] = []
+        gaps: list[str] = []
+        pos = 0
+        for segment in sentencex.segment(self.language, text):
+            core = segment.strip()
+            if not core:
+                continue
+            start = text.find(core, pos)
+            if start < 0:  # the splitter changed the text: keep the rest whole
+                break
+            gaps.append(text[pos:start])
+            sentences.append(core)
+            pos = start + len(core)
+        rest = text[pos:]
+        if rest.strip():  # what the splitter did not give back stays a sentence of its own
+            core = rest.strip()
+            start = pos + rest.index(core)
+            gaps.append(text[pos:start])
+            sentences.append(core)
+            pos = start + len(core)
+        gaps.append(text[pos:])
+        return Split(sentences, gaps)
+
+
+@dataclass
+class SplitPlan:
+    """The sentences of a list of lines, and how to put their translations back into lines.
+    A line not to be split (see `plan`) is one unit as it is."""
+
+    units: list[str] = field(default_factory=list)  # what is translated: sentences, and whole lines
+    owners: list[int] = field(default_factory=list)  # the line of each unit
+    splits: list[Split | None] = field(default_factory=list)  # per line: its split, None = one unit as it is
+
+    def join(self, outputs: list[str]) -> list[str]:
+        """One output line per input line from one output per unit."""
+        lines: list[str] = []
+        k = 0
+        for split in self.splits:
+            if split is None:
+                lines.append(outputs[k])
+                k += 1
+            else:
+                n = len(split.sentences)
+                lines.append(split.join(outputs[k : k + n]))
+                k += n
+        return lines
+
+    def first_unit(self) -> list[int]:
+        """The unit index each line starts at."""
+        starts, k = [], 0
+        for split in self.splits:
+            starts.append(k)
+            k += 1 if split is None else len(split.sentences)
+        return starts
+
+
+def plan(lines: list[str], splitter: Splitter, keep_whole: Sequence[bool] = ()) -> SplitPlan:
+    """Cut `lines` into sentences; the lines `keep_whole` marks True, blank lines and lines of
+    one sentence stay one unit each, as they are."""
+    out = SplitPlan()
+    for i, line in enumerate(lines):
+        whole = i < len(keep_whole) and keep_whole[i]
+        split = None if whole or not line.strip() else splitter.split(line)
+        if split is not None and len(split.sentences) < 2:
+            split = None
+        out.splits.append(split)
+        units = [line] if split is None else split.sentences
+        out.units += units
+        out.owners += [i] * len(units)
+    return out

@@ -1,0 +1,382 @@
+"""Documents: lines split into sentences and joined back, markup carried through translation."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lxml import etree
+from typer.testing import CliRunner
+
+from helpers import REPO, SHIPPED, train_shipped_tiny
+from seq2seq_cli.cli import app
+from seq2seq_cli.decode.markup import Aligned, MarkupDocument
+from seq2seq_cli.decode.sentences import Splitter, plan
+from seq2seq_cli.decode.translate import OutputOptions, Translator
+
+runner = CliRunner()
+ES = Splitter("es")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return train_shipped_tiny(tmp_path_factory.mktemp("documents"))
+
+
+@pytest.fixture(scope="module")
+def paragraphs() -> list[str]:
+    verses = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:12]
+    return [" ".join(verses[0:3]), verses[3], "", "  ".join(verses[4:8]) + "  ", verses[8], " ".join(verses[9:12])]
+
+
+# ---------------------------------------------------------------------------------- splitting
+
+
+def test_a_paragraph_is_cut_into_its_sentences_with_its_spacing():
+    text = "  Hola, Sr. Pérez.  ¿Qué tal?\tBien. "
+    split = ES.split(text)
+    assert split.sentences == ["Hola, Sr. Pérez.", "¿Qué tal?", "Bien."]
+    assert split.gaps == ["  ", "  ", "\t", " "]
+    assert split.join(["A.", "B?", "C."]) == "A.  B?\tC."
+    assert [text[a:b] for a, b in split.spans()] == split.sentences
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["Hola.", "¿Qué?", "Sr. Pérez", "¡Sí!", "y", " ", "  ", "\t", "a.b", "...", "\u00a0"]),
+                max_size=12))
+def test_split_and_join_give_the_text_back(parts):
+    text = "".join(parts)
+    split = ES.split(text)
+    rebuilt = split.gaps[0] + "".join(s + g for s, g in zip(split.sentences, split.gaps[1:]))
+    assert rebuilt == text
+    assert all(s == s.strip() and s for s in split.sentences)
+    assert split.join(split.sentences) == text.strip()
+
+
+def test_a_plan_keeps_one_output_line_per_line():
+    lines = ["Uno. Dos.", "", "Tres.", "Cuatro. Cinco. Seis.", "Siete. Ocho."]
+    p = plan(lines, ES, keep_whole=[False, False, False, False, True])
+    assert p.units == ["Uno.", "Dos.", "", "Tres.", "Cuatro.", "Cinco.", "Seis.", "Siete. Ocho."]
+    assert p.owners == [0, 0, 1, 2, 3, 3, 3, 4]
+    assert p.join([u.upper() for u in p.units]) == ["UNO. DOS.", "", "TRES.", "CUATRO. CINCO. SEIS.", "SIETE. OCHO."]
+
+
+def test_no_split_gives_the_line_by_line_output(run_dir, paragraphs, tmp_path):
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-split", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    tr = Translator.load(run_dir, "cpu")
+    assert r.stdout.split("\n")[:-1] == tr.translate(paragraphs)
+    assert list(tr.translate_stream(paragraphs, OutputOptions())) == tr.translate(paragraphs)
+
+
+def test_split_translates_each_sentence_and_joins_them_back(run_dir, paragraphs, tmp_path):
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    got = r.stdout.split("\n")[:-1]
+    assert len(got) == len(paragraphs) and got[2] == ""
+    tr = Translator.load(run_dir, "cpu")
+    for line, out in zip(paragraphs, got):
+        split = ES.split(line)
+        assert out == (split.join(tr.translate(split.sentences)) if line.strip() else "")
+    assert "  " in got[3]  # the line's own spacing between its sentences
+    # the same through evaluate, whose -o writes the joined translations
+    ref = tmp_path / "ref.en"
+    ref.write_text("\n".join(["x"] * len(paragraphs)) + "\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.en"
+    r = runner.invoke(app, ["evaluate", "-m", str(run_dir), "-s", str(src), "-r", str(ref), "-o", str(hyp)])
+    assert r.exit_code == 0, r.output
+    assert hyp.read_text(encoding="utf-8").split("\n")[:-1] == got
+
+
+def test_line_options_decode_lines_whole(run_dir, paragraphs):
+    tr = Translator.load(run_dir, "cpu")
+    whole = [row.split("\t")[0] for row in tr.translate_stream(paragraphs, OutputOptions(scores=True, splitter=ES))]
+    assert whole == tr.translate(paragraphs)
+    assert not OutputOptions(nbest=2, splitter=ES).splits() and OutputOptions(splitter=ES).splits()
+
+
+# ---------------------------------------------------------------------------------- markup
+
+
+def identity(sentence: str, reverse: bool = False) -> Aligned:
+    """A 'translation' that gives back the sentence's words (reversed: in reverse order), each
+    aligned to itself."""
+    spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", sentence)]
+    order = list(range(len(spans)))[:: -1 if reverse else 1]
+    return Aligned([sentence[spans[i][0] : spans[i][1]] for i in order], [[i] for i in order], spans)
+
+
+def translate_with(text: str, fmt: str = "html", reverse: bool = False, splitter: Splitter = ES) -> str:
+    doc = MarkupDocument(text, fmt, splitter)
+    return doc.render([identity(s, reverse) for s in doc.sentences])
+
+
+def test_tags_stay_around_the_words_they_enclosed():
+    page = ('<p>En el <b>principio</b> creó <a href="x?a=1&amp;b=2" title="t">Dios los <i>cielos</i></a> y la tierra. '
+            'Y la tierra <br>estaba <span class="v">vacía</span> y sola.</p>')
+    assert translate_with(page) == page
+    assert translate_with("<p>uno<br>dos</p>") == "<p>uno <br>dos</p>"  # a line break parts words
+
+
+def test_tags_follow_their_words_when_the_order_changes():
+    out = translate_with("<p>uno <b>dos</b> <i>tres cuatro</i> cinco</p>", reverse=True)
+    assert out == "<p>cinco <i>cuatro tres</i> <b>dos</b> uno</p>"
+
+
+def test_scripts_styles_code_comments_and_attributes_are_untouched():
+    page = ("<!DOCTYPE html>\n<html><head><title>t</title><style>p{}</style></head><body>"
+            '<script>var s = "<b>x</b>";</script><p title="no tocar">Hola <code>ls -l</code> y <!-- c --> adiós.</p>'
+            '<p translate="no">No traducir.</p><pre>  a   b </pre></body></html>')
+    doc = MarkupDocument(page, "html", ES)
+    assert doc.sentences == ["Hola y adiós."]
+    out = doc.render([Aligned(["HELLO", "AND", "BYE."], [[0], [1], [2]], [(0, 4), (5, 6), (7, 13)])])
+    assert '<script>var s = "<b>x</b>";</script>' in out and "<style>p{}</style>" in out
+    assert '<p title="no tocar">HELLO <code>ls -l</code>AND <!-- c -->BYE.</p>' in out
+    assert '<p translate="no">No traducir.</p>' in out and "<pre>  a   b </pre>" in out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["", "b", "i", "a", "span", "br"]),
+                          st.sampled_from(["Hola", "Sr. Pérez.", "mundo", "y", "¿Qué?"])), min_size=1, max_size=10),
+       st.booleans(), st.randoms(use_true_random=False))
+def test_every_tag_is_kept_and_the_output_is_well_formed(words, reverse, rnd):
+    parts = []
+    for tag, word in words:
+        if tag == "br":
+            parts.append(f"{word}<br/>")
+        elif tag:
+            parts.append(f"<{tag}>{word}</{tag}>")
+        else:
+            parts.append(word)
+    page = "<div><p>" + " ".join(parts) + "</p></div>"
+    out = translate_with(page, "xml", reverse)
+    tree = etree.fromstring(out)  # well-formed
+    source = etree.fromstring(page)
+    assert sorted(e.tag for e in tree.iter()) == sorted(e.tag for e in source.iter())
+    # a shuffled translation (words aligned anywhere) still keeps every tag, well-formed
+    doc = MarkupDocument(page, "xml", ES)
+    scrambled = []
+    for s in doc.sentences:
+        a = identity(s)
+        a.links = [[rnd.randrange(len(a.sources))] for _ in a.words]
+        scrambled.append(a)
+    again = etree.fromstring(doc.render(scrambled))
+    assert sorted(e.tag for e in again.iter()) == sorted(e.tag for e in source.iter())
+
+
+def test_xml_mixed_content_is_inline_and_other_elements_are_blocks():
+    xml = '<?xml version="1.0" encoding="UTF-8"?>\n<doc><title>Uno dos</title><para>tres <em x="1">cuatro</em> cinco</para></doc>'
+    doc = MarkupDocument(xml, "xml", ES)
+    assert doc.sentences == ["Uno dos", "tres cuatro cinco"]
+    assert translate_with(xml, "xml") == xml
+
+
+def test_html_translated_by_the_model_keeps_its_tags(run_dir, tmp_path):
+    page = tmp_path / "page.html"
+    verses = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:3]
+    body = f'<p>{verses[0]} <b>{verses[1].split()[0]}</b> <a href="v.html">{verses[1]}</a></p><p><i>{verses[2]}</i></p>'
+    page.write_text(f"<!DOCTYPE html>\n<html><body>{body}</body></html>\n", encoding="utf-8")
+    out = tmp_path / "page.en.html"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "-o", str(out), "--format", "html"])
+    assert r.exit_code == 0, r.output
+    html = out.read_text(encoding="utf-8")
+    tree = etree.fromstring(html.split("\n", 1)[1])
+    assert [e.tag for e in tree.iter()] == ["html", "body", "p", "b", "a", "p", "i"]
+    assert tree.find(".//a").get("href") == "v.html"
+
+
+def test_line_options_are_refused_with_a_document_format(run_dir, tmp_path):
+    page = tmp_path / "p.html"
+    page.write_text("<p>Hola</p>", encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "--format", "html", "--scores"])
+    assert r.exit_code == 1
+    assert "--scores works line by line; --format html translates a whole document" in r.output
+
+
+# ---------------------------------------------------------------------------------- files
+
+
+def make_docx(path: Path | None = None) -> bytes:
+    import io
+
+    import docx
+
+    document = docx.Document()
+    p = document.add_paragraph("En el principio creó ")
+    p.add_run("Dios").bold = True
+    p.add_run(" los cielos y la ")
+    p.add_run("tierra").italic = True
+    p.add_run(" y el mar. Y la tierra estaba vacía.")
+    document.add_table(rows=1, cols=1).cell(0, 0).text = "Hola mundo."
+    buffer = io.BytesIO()
+    document.save(buffer)
+    if path is not None:
+        path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def fake_aligned(monkeypatch, reverse: bool = False) -> None:
+    """docx translation by `identity` instead of the model, so that run placement is checked exactly."""
+    from seq2seq_cli.decode import docfiles
+
+    monkeypatch.setattr(docfiles, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
+
+
+def test_docx_runs_keep_their_formatting_on_their_words(monkeypatch):
+    import io
+
+    import docx
+
+    from seq2seq_cli.decode.docfiles import translate_docx
+
+    fake_aligned(monkeypatch)
+    out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
+    runs = [(r.text, r.bold, r.italic) for r in out.paragraphs[0].runs]
+    assert runs == [("En el principio creó ", None, None), ("Dios", True, None), (" los cielos y la ", None, None),
+                    ("tierra", None, True), (" y el mar. Y la tierra estaba vacía.", None, None)]
+    assert out.tables[0].cell(0, 0).text == "Hola mundo."
+    fake_aligned(monkeypatch, reverse=True)
+    out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
+    runs = out.paragraphs[0].runs
+    assert [r.text for r in runs if r.bold] == ["Dios"] and [r.text for r in runs if r.italic] == ["tierra"]
+    source = "En el principio creó Dios los cielos y la tierra y el mar. Y la tierra estaba vacía."
+    assert out.paragraphs[0].text == " ".join(" ".join(s.split()[::-1]) for s in ES.split(source).sentences)
+
+
+BAD_FILES = {
+    "not-a-docx": ("a.docx", b"plain text, not a zip", "a.docx: not a .docx file (a .docx is a zip archive; this is not one)"),
+    "zip-not-docx": ("b.docx", "zip", "b.docx: not a .docx file (the archive holds no word/document.xml)"),
+    "zip-bomb": ("c.docx", "bomb", "c.docx: refused: it unpacks to 314572800 bytes from"),
+    "empty": ("d.txt", b"", "d.txt: the file is empty (0 bytes)"),
+    "extension": ("e.pdf", b"%PDF-1.4", "e.pdf: .pdf is not supported; send .txt, .html, .htm or .docx"),
+    "not-utf8": ("f.txt", b"\xff\xfe h", "f.txt: not UTF-8 text (invalid byte at 0)"),
+}
+
+
+def bad_file(kind: str) -> tuple[str, bytes, str]:
+    import io
+    import zipfile
+
+    name, data, message = BAD_FILES[kind]
+    if isinstance(data, str):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            if data == "bomb":
+                archive.writestr("word/document.xml", b"\0" * (300 << 20))
+            else:
+                archive.writestr("other.txt", b"x")
+        data = buffer.getvalue()
+    return name, data, message
+
+
+@pytest.fixture(scope="module")
+def client(run_dir):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from seq2seq_cli.serve.app import ServeSettings, create_app
+
+    app = create_app(Translator.load(run_dir, "cpu", {"beam_size": 2}), ServeSettings(max_chars=3000))
+    with TestClient(app) as c:
+        yield c, app
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_file_gets_one_clear_4xx(client, kind):
+    c, app = client
+    name, data, message = bad_file(kind)
+    r = c.post("/translate_file", files={"file": (name, data)}, data={"source": "es", "target": "en"})
+    assert r.status_code == 400 and r.json()["error"].startswith(message), r.json()
+    assert list(app.state.files.folder.iterdir()) == []
+
+
+def test_files_are_translated_downloaded_once_and_the_folder_emptied(client, run_dir, tmp_path):
+    import io
+
+    import docx
+
+    c, app = client
+    folder = app.state.files.folder
+    r = c.post("/translate_file", files={"file": ("doc.docx", make_docx())}, data={"source": "es", "target": "en"})
+    assert r.status_code == 200, r.json()
+    url = r.json()["translatedFileUrl"]
+    assert re.fullmatch(r"http://testserver/download_file/[0-9a-f]{32}\.doc\.docx", url)
+    assert len(list(folder.iterdir())) == 1
+    got = c.get(url.removeprefix("http://testserver"))
+    assert got.status_code == 200 and "doc.docx" in got.headers["content-disposition"]
+    out = docx.Document(io.BytesIO(got.content))
+    assert len(out.paragraphs) == 1 and len(out.tables) == 1  # the runs' placement: the test above
+    assert list(folder.iterdir()) == []  # downloaded once, then removed
+    assert c.get(url.removeprefix("http://testserver")).status_code == 404
+    text = "Hola mundo. Adiós.\n\nUno.\n"
+    r = c.post("/translate_file", files={"file": ("t.txt", text.encode())}, data={"source": "es", "target": "en"})
+    got = c.get(r.json()["translatedFileUrl"].removeprefix("http://testserver")).text
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 2})
+    assert got.split("\n") == tr.translate(text.split("\n"), ES)
+    r = c.post("/translate_file", files={"file": ("big.txt", b"hola " * 700)}, data={"source": "es", "target": "en"})
+    assert r.status_code == 413 and r.json()["error"] == "file too large: 3500 characters of text, the limit is 3000"
+    r = c.post("/translate_file", files={"file": ("t.txt", b"hola")}, data={"source": "fr", "target": "en"})
+    assert r.status_code == 400 and "fr is not supported as the source language" in r.json()["error"]
+    assert c.get("/download_file/..%2F..%2Fetc%2Fpasswd").status_code == 404
+    app.state.files.close()
+    assert not folder.exists()
+
+
+def test_translate_a_docx_on_the_command_line(run_dir, tmp_path):
+    import docx
+
+    src, out = tmp_path / "doc.docx", tmp_path / "doc.en.docx"
+    make_docx(src)
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    document = docx.Document(str(out))
+    assert len(document.paragraphs) == 1 and len(document.tables) == 1
+    (tmp_path / "bad.docx").write_bytes(b"nope")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(tmp_path / "bad.docx"), "-o", str(out)])
+    assert r.exit_code == 1 and "bad.docx: not a .docx file" in r.output
+
+
+def test_every_bad_file_is_documented():
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("### Files (`POST /translate_file`)", 1)[1].split("\n## ", 1)[0]
+    ids = set(re.findall(r"^\| (file-[a-z0-9-]+) \|", section, re.MULTILINE))
+    assert ids == {f"file-{kind}" for kind in BAD_FILES} | {"file-too-large", "file-gone"}
+
+
+def test_a_browser_loads_a_translated_page(run_dir, tmp_path):
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    verses = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:2]
+    page = tmp_path / "page.html"
+    page.write_text(f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>t</title></head><body>'
+                    f'<p id="p">{verses[0]} <b>{verses[1].split()[0]}</b> <a href="#x">{verses[1]}</a></p></body></html>\n',
+                    encoding="utf-8")
+    out = tmp_path / "page.en.html"
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "-o", str(out), "--format", "html"])
+    assert r.exit_code == 0, r.output
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        browser.get(out.as_uri())
+        tags = browser.execute_script("return Array.from(document.querySelectorAll('#p *')).map(e => e.tagName).sort()")
+        assert tags == ["A", "B"]
+        assert browser.execute_script("return document.querySelector('#p a').getAttribute('href')") == "#x"
+    finally:
+        browser.quit()
