@@ -535,7 +535,8 @@ def test_web_page_translates_and_draws_the_attention(run_dir, tmp_path):
         browser.find_element(By.ID, "source").send_keys(SENTENCES[0] + "\n" + SENTENCES[1])
         browser.find_element(By.ID, "translate").click()
         WebDriverWait(browser, 120).until(lambda b: b.find_element(By.ID, "status").text == "done")
-        expected = s.post("/translate", {"q": SENTENCES[:2], "source": "es", "target": "en"})[2]["translatedText"]
+        # the page asks /v1/translate (each line whole, with its attention), as the page's lines
+        expected = [r["translation"] for r in s.post("/v1/translate", {"q": SENTENCES[:2]})[2]["results"]]
         assert browser.find_element(By.ID, "output").text.split("\n") == expected
         canvases = browser.find_elements(By.CSS_SELECTOR, "canvas.heatmap")
         assert len(canvases) == 2

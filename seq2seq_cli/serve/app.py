@@ -63,7 +63,9 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
         app.include_router(router)
     documents.add_file_routes(app, translator, settings.max_chars, lambda fields, request: check_key(state, fields, request),
                               lambda source, target: check_pair(state, source, target), RequestError)
-    state.routes = [route for route in app.routes if isinstance(route, APIRoute)]
+    # the routers' routes (the app holds each router, not copies of its routes) and the file routes
+    every = [*(route for router in routers for route in router.routes), *app.routes]
+    state.routes = [route for route in every if isinstance(route, APIRoute)]
     for route in state.routes:
         if route.methods is not None and "GET" in route.methods:
             route.methods.add("HEAD")  # answered as a GET, the server leaving out the body

@@ -57,7 +57,10 @@ async def libretranslate(request: Request) -> JSONResponse:
     if alternatives and not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
         decode_cfg = decode_options(state, {"beam_size": alternatives + 1})
     flat = [line for ls in lines for line in ls]
-    results = [] if fmt == "html" or not alternatives else await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
+    # with alternatives, lines are decoded whole (n-best lists of sentences do not join); else split
+    results = []
+    if fmt != "html" and alternatives:
+        results = await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
     out_texts, out_alts = [], []
     start = 0
     for ls in lines if results else []:
