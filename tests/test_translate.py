@@ -283,3 +283,16 @@ def test_spread_cuts_the_largest_batch_until_each_thread_has_one():
     assert spread([[0]], 2) == [[0]]
     assert spread([[0, 1], [2, 3]], 2) == [[0, 1], [2, 3]]
     assert spread([], 2) == []
+
+
+def test_blank_lines_alone_on_several_threads(run_dir):
+    """A chunk of blank lines only leaves no batch to decode: nothing is decoded, whatever the threads."""
+    import torch
+
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 2})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert tr.translate(["", " "]) == ["", ""]
+    finally:
+        torch.set_num_threads(threads)

@@ -276,9 +276,10 @@ class Translator:
         # decoding step are too small to keep several threads busy on one of them, and their
         # handshakes at every op cost more than they save (a lone sentence too decodes on one).
         batches = spread(batches, threads)
-        if len(batches) == 1:
+        if len(batches) <= 1:  # one batch, or none (blank lines only)
             with one_thread():
-                decode(batches[0])
+                for rows in batches:
+                    decode(rows)
             return out
         pool = ThreadPoolExecutor(min(threads, len(batches)), initializer=torch.set_num_threads, initargs=(1,))
         try:
