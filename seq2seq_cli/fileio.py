@@ -211,15 +211,21 @@ def iter_lines(path: Path) -> Iterator[str]:
             yield line.removeprefix(BOM) if number == 0 else line
 
 
-def lone_surrogate(text: str) -> str | None:
-    """The first lone surrogate in `text`, written as JSON writes it ('\\ud800'), or None. JSON's
-    \\u escapes can name half of a UTF-16 pair, which is no character: such a string is not
-    text, and UTF-8 cannot encode it."""
+def first_surrogate(text: str) -> int | None:
+    """The code point of the first lone surrogate in `text`, or None. JSON's \\u escapes can
+    name half of a UTF-16 pair, which is no character: such a string is not text, and UTF-8
+    cannot encode it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return f"\\u{ord(text[exc.start]):04x}"
+        return ord(text[exc.start])
     return None
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text`, written as JSON writes it ('\\ud800'), or None."""
+    point = first_surrogate(text)
+    return None if point is None else f"\\u{point:04x}"
 
 
 def read_lines(path: Path) -> list[str]:

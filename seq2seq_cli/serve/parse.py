@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.fileio import first_surrogate
 from seq2seq_cli.serve.state import AppState
 
 # The decoding options a request may set; batch_tokens, precision and quantize belong to the
@@ -127,12 +128,11 @@ def check_values(data: dict[str, Any]) -> None:
 
 def check_text(text: str, where: str) -> None:
     """`text` (the value at `where`, "" for a field name) is Unicode that UTF-8 can write."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    point = first_surrogate(text)
+    if point is not None:
         what = clip(where) if where else "a field name"
-        raise RequestError(400, f"Invalid request: {what} holds a lone surrogate (U+{ord(text[exc.start]):04X}), "
-                                "which is not text; send valid Unicode") from None
+        raise RequestError(400, f"Invalid request: {what} holds a lone surrogate (U+{point:04X}), "
+                                "which is not text; send valid Unicode")
 
 
 def check_key(state: AppState, data: dict[str, Any], request: Request) -> None:
