@@ -45,7 +45,15 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.search import NEG_INF, Hypothesis, length_penalty, max_lengths, start_state, step_log_probs
+from seq2seq_cli.decode.search import (
+    NEG_INF,
+    Hypothesis,
+    length_penalty,
+    max_lengths,
+    output_room,
+    start_state,
+    step_log_probs,
+)
 from seq2seq_cli.ids import EOS
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
@@ -294,7 +302,7 @@ def constrained_beam_search(
     totals = phrase_lengths.sum(dim=1)  # (B,) constraint tokens of each sentence
     banks = int(totals.max()) + 1
     limits = constrained_limits(src, model, opts, totals)  # (B,)
-    state = start_state(model, src, B * K, limits)
+    state = start_state(model, src, B * K, output_room(limits))
     active = torch.arange(B, device=device)
     scores = torch.zeros((B, 1), device=device)  # (b, k)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)

@@ -155,13 +155,13 @@ def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
     return torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
 
 
-def start_state(model: Decoder, src: Tensor, rows: int, limits: Tensor) -> State:
-    """Encode `src` (B, S) and make the decoder state for up to `rows` decoder rows (see
-    `_decoder_state`); for an ensemble, one per member."""
+def start_state(model: Decoder, src: Tensor, rows: int, room: int) -> State:
+    """Encode `src` (B, S) and make the decoder state for up to `rows` decoder rows and outputs
+    of up to `room` tokens (`output_room`; see `_decoder_state`); for an ensemble, one per member."""
     if isinstance(model, Ensemble):
-        return EnsembleState([_as_one(start_state(m, src, rows, limits)) for m in model.models])
+        return EnsembleState([_as_one(start_state(m, src, rows, room)) for m in model.models])
     memory, src_mask, _ = model.encode(src)
-    return _decoder_state(model, memory, src_mask, rows, limits)
+    return _decoder_state(model, memory, src_mask, rows, room)
 
 
 def _as_one(state: State) -> DecoderState:
@@ -269,7 +269,7 @@ def greedy_search(
     B, device = src.size(0), src.device
     every = every or look_every(device)
     room = output_room(limits)
-    state = start_state(model, src, B, limits)
+    state = start_state(model, src, B, room)
     active = torch.arange(B, device=device)  # original row of each decoder row
     rows_of = list(range(B))  # the same, on the host
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (N,) rows still decoding
@@ -313,15 +313,15 @@ def greedy_search(
     return results  # type: ignore[return-value]
 
 
-def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, rows: int, limits: Tensor) -> DecoderState:
+def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, rows: int, room: int) -> DecoderState:
     """The decoder state for a search over `rows` decoder rows at most, its self-attention
     cache allocated for as many positions as the longest source has (`memory`: (B, S, D)),
-    or the longest output allowed (`limits`: (B,)) plus EOS if that is fewer. Most outputs
+    or the longest output allowed (`room` tokens) plus EOS if that is fewer. Most outputs
     end within that; a longer one grows the buffers once it gets there, sized for the rows
     still decoding then, which is far less than allocating every row for the limit."""
     state = model.init_state(memory, src_mask)
     cfg = model.cfg
-    positions = min(int(limits.max()) + 1 if limits.numel() else 1, memory.size(1))
+    positions = min(room + 1, memory.size(1))
     state.preallocate(rows, positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
     return state
 
@@ -395,7 +395,7 @@ def beam_search(
     every = every or look_every(device)
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     room = output_room(limits)
-    state = start_state(model, src, B * K, limits)
+    state = start_state(model, src, B * K, room)
     active = torch.arange(B, device=device)  # original sentence of each beam group
     sentences = list(range(B))  # the same, on the host
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (b,) sentences still searching
