@@ -186,3 +186,25 @@ class HostSyncs:
     def __exit__(self, *exc: object) -> None:
         for mode in reversed(self.modes):
             mode.__exit__(*exc)
+
+
+def headless_chromium():
+    """A Selenium driver of Debian's chromium, headless (the caller quits it); the test is skipped,
+    saying why, where chromium or chromedriver is not installed."""
+    import shutil
+
+    import pytest
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        print("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver_path), options=options)

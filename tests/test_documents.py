@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lxml import etree
 from typer.testing import CliRunner
 
-from helpers import REPO, SHIPPED, train_shipped_tiny
+from helpers import REPO, SHIPPED, headless_chromium, train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.markup import Aligned, MarkupDocument
 from seq2seq_cli.decode.sentences import Splitter, plan
@@ -351,15 +351,6 @@ def test_every_bad_file_is_documented():
 
 
 def test_a_browser_loads_a_translated_page(run_dir, tmp_path):
-    import shutil
-
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     verses = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:2]
     page = tmp_path / "page.html"
     page.write_text(f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>t</title></head><body>'
@@ -368,11 +359,7 @@ def test_a_browser_loads_a_translated_page(run_dir, tmp_path):
     out = tmp_path / "page.en.html"
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "-o", str(out), "--format", "html"])
     assert r.exit_code == 0, r.output
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(driver_path), options=options)
+    browser = headless_chromium()
     try:
         browser.get(out.as_uri())
         tags = browser.execute_script("return Array.from(document.querySelectorAll('#p *')).map(e => e.tagName).sort()")

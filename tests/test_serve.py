@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +26,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from helpers import REPO, SHIPPED
+from helpers import REPO, SHIPPED, headless_chromium
 from seq2seq_cli.cli import app as cli_app
 from seq2seq_cli.config import load_config
 
@@ -514,22 +513,11 @@ def test_an_unexpected_failure_is_one_line_500(run_dir, monkeypatch):
 
 
 def test_web_page_translates_and_draws_the_attention(run_dir, tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        print("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
-        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    browser = headless_chromium()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     s = Server(run_dir, tmp_path)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
         browser.get(s.url + "/")
         browser.find_element(By.ID, "source").send_keys(SENTENCES[0] + "\n" + SENTENCES[1])
