@@ -92,7 +92,7 @@ print(*(f"{p.from_code}->{p.to_code} in {p.package_path}" for p in package.get_i
 # LibreTranslate's own console script (`libretranslate`): its flags as sys.argv[1:].
 LT_SERVER = "from libretranslate.main import main; main()"
 
-SYSTEMS = ("batched", "ours", "unbatched", "ct2", "libretranslate")  # ours: `seq2seq serve` as shipped, as batched
+SYSTEMS = ("batched", "ours", "ours-ct2", "unbatched", "ct2", "libretranslate")  # ours: `seq2seq serve` as shipped, as batched
 
 
 def libretranslate_env(run: Path, work: Path, lt_python: str, pair: tuple[str, str], beam: int, threads: int,
@@ -227,7 +227,8 @@ def main() -> None:
     ap.add_argument("--levels", default="1,8,32,128", help="comma list of client counts")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each level")
     ap.add_argument("--systems", default="batched,unbatched,ct2",
-                    help="comma list of: batched (or ours), unbatched, ct2, libretranslate")
+                    help="comma list of: batched (or ours), ours-ct2 (ours with --engine ctranslate2), unbatched, ct2, "
+                         "libretranslate")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="decoding threads of each server")
@@ -265,7 +266,7 @@ def main() -> None:
         if system == "libretranslate":
             return [args.lt_python, "-c", LT_SERVER, "--host", "127.0.0.1", "--port", str(port), "--load-only", ",".join(pair),
                     "--disable-web-ui", "--disable-files-translation"], lt_env
-        flags = ["--no-batching"] if system == "unbatched" else []
+        flags = {"unbatched": ["--no-batching"], "ours-ct2": ["--engine", "ctranslate2"]}.get(system, [])
         return [sys.executable, "-m", "seq2seq_cli", "serve", "--model", str(args.run), "--device", "cpu", "--port", str(port),
                 "--beam-size", str(args.beam), "--max-queue", "1024", "--timeout", "600", *flags], env
 

@@ -75,6 +75,9 @@ ModelsOpt = Annotated[list[Path], typer.Option(
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
 TagOpt = Annotated[str | None, typer.Option(
     "--tag", help="A token put in front of each source line, as a corpus tag was in training: '<bt>', '>>fr<<'.")]
+EngineOpt = Annotated[str, typer.Option(
+    "--engine", help="torch (the project's own searches) or ctranslate2 (the run converted at start and decoded by "
+    "CTranslate2 where the options allow; pip install 'seq2seq[ctranslate2]').")]
 SplitOpt = Annotated[bool, typer.Option(
     "--split/--no-split", help="Cut each line into sentences and join their translations with the line's spacing "
     "(not with --nbest, --scores, --alignment, --attention-plots, nor on a line with constraints or a prefix).")]
@@ -133,6 +136,35 @@ def decode_options(command: Callable[..., None]) -> Callable[..., None]:
     wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper
+
+
+def attach_engine(engine: str, model: Path | list[Path], threads: int, translator: Any) -> Any:
+    """`translator` (a decode.translate.Translator) with the engine `--engine` names attached,
+    on `threads` threads (`engine_threads`)."""
+    if engine == "torch":
+        return translator
+    from seq2seq_cli.interop.ctranslate2_engine import with_ctranslate2
+
+    return with_ctranslate2(translator, model[0] if isinstance(model, list) else model, threads)
+
+
+def engine_threads(engine: str) -> int:
+    """Checks --engine; for ctranslate2, takes the CPU threads from torch for it (before torch computes)."""
+    if engine not in ("torch", "ctranslate2"):
+        raise UserError(f"--engine {engine!r}: expected torch or ctranslate2")
+    if engine == "torch":
+        return 0
+    from seq2seq_cli.interop.ctranslate2_engine import claim_threads
+
+    return claim_threads()
+
+
+def load_translator(model: list[Path], device: str, decode: dict[str, object], tag: str | None, engine: str) -> Any:
+    """The Translator of `--model` (one run, or several as an ensemble), with --tag and --engine."""
+    from seq2seq_cli.decode.translate import Translator
+
+    threads = engine_threads(engine)
+    return attach_engine(engine, model, threads, Translator.load(model, device, decode).with_tag(tag))
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -241,18 +273,19 @@ def translate(
     tag: TagOpt = None,
     split: SplitOpt = True,
     format: Annotated[str, typer.Option("--format", help="text (line by line), or html or xml: the input is one document, its text translated and its markup kept. An input named *.docx is translated as a Word document.")] = "text",
+    engine: EngineOpt = "torch",
     *,
     decode: dict[str, object],
 ) -> None:
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
     from seq2seq_cli.decode.sentences import Splitter
     from seq2seq_cli.decode.terms import Terminology
-    from seq2seq_cli.decode.translate import OutputOptions, Translator, translate_file
+    from seq2seq_cli.decode.translate import OutputOptions, translate_file
 
     if format not in ("text", "html", "xml"):
         raise UserError(f"--format {format!r}: expected text, html or xml")
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
-    translator = Translator.load(model, device, decode).with_tag(tag)
+    translator = load_translator(model, device, decode, tag, engine)
     layers = translator.model.cfg.decoder_layers
     if not -layers <= attention_layer < layers:
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
@@ -293,6 +326,7 @@ def serve(
     api_keys: Annotated[Path | None, typer.Option("--api-keys", help="File of API keys, one per line: requests must carry one (api_key field or X-API-Key header), else 403.")] = None,
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
+    engine: EngineOpt = "torch",
     *,
     decode: dict[str, object],
 ) -> None:
@@ -307,7 +341,9 @@ def serve(
         given = ", ".join(str(m) for m in model)
         raise UserError(f"--model is given {len(model)} times ({given}); serve takes one model (API keys are given with --api-keys FILE)")
     settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching)
-    run_server(model[0], device, decode, host, port, settings, api_keys, tag)
+    threads = engine_threads(engine)
+    run_server(model[0], device, decode, host, port, settings, api_keys, tag,
+               functools.partial(attach_engine, engine, model[0], threads))
 
 
 @app.command()
@@ -323,6 +359,7 @@ def evaluate(
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
     split: SplitOpt = True,
+    engine: EngineOpt = "torch",
     *,
     decode: dict[str, object],
 ) -> None:
@@ -336,9 +373,7 @@ def evaluate(
         raise UserError("--model and --src go together: translate --src with --model and score against --ref")
     translator = None
     if model is not None:
-        from seq2seq_cli.decode.translate import Translator
-
-        translator = Translator.load(model, device, decode).with_tag(tag)
+        translator = load_translator(model, device, decode, tag, engine)
     elif tag is not None:
         raise UserError(f"--tag {tag}: goes with --model and --src (it is put in front of each source line)")
     splitter = None

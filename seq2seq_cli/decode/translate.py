@@ -35,6 +35,7 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
 from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
+from seq2seq_cli.decode.engines import SearchEngine
 from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.onednn import for_decoding
@@ -119,6 +120,7 @@ class Translator:
     ensemble_runs: tuple[Path, ...] = ()  # the run directories of an ensemble's other members
     tag_ids: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
     tags: tuple[str, ...] | None = None  # the corpus tags the run was trained with; None: any (an imported vocabulary)
+    engine: SearchEngine | None = None  # another engine searching where it can (`seq2seq_cli/decode/engines.py`)
 
     @classmethod
     def load(
@@ -182,6 +184,10 @@ class Translator:
                             f"{config}); give one of them")
         return dataclasses.replace(self, tag_ids=ids)
 
+    def with_engine(self, engine: SearchEngine | None) -> Translator:
+        """This translator with `engine` searching where it can (None: our searches alone)."""
+        return dataclasses.replace(self, engine=engine)
+
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS (after the tag's id, if any), truncated to what the model's
         positions allow; the indices of the lines cut short are appended to `cut` when given."""
@@ -222,6 +228,7 @@ class Translator:
         if constraints is not None and any(constraints) and d.sampling:
             raise UserError("--constraints and --glossary need beam search; leave out --sampling")
         word_start = self.word_start() if constraints is not None and any(constraints) else None
+        engine = self.engine if self.engine is not None and self.engine.why_not(d, nbest) is None else None
         if ids is None:
             ids = self.encode(lines)
         out: list[list[Hypothesis]] = [[NO_HYPOTHESIS] * nbest for _ in lines]
@@ -249,6 +256,12 @@ class Translator:
         def decode(batch: list[int]) -> None:
             held = [i for i in batch if constraints and constraints[i]]
             rows = [i for i in batch if not (constraints and constraints[i])]
+            if rows and engine:
+                taken = [i for i in rows if not (prefixes and prefixes[i])]
+                for i, hyps in zip(taken, engine.search([ids[i] for i in taken], d, nbest) if taken else []):
+                    if hyps is not None:
+                        out[i] = hyps
+                        rows.remove(i)
             if rows:
                 src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
                 lines_of = [first_line + i for i in rows]
@@ -268,7 +281,8 @@ class Translator:
                 progress.update(len(batch))
 
         threads = torch.get_num_threads()
-        if self.device.type != "cpu" or threads == 1:
+        # An engine uses the threads itself, on each batch.
+        if self.device.type != "cpu" or threads == 1 or engine:
             for rows in batches:
                 decode(rows)
             return out

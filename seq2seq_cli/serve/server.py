@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +64,13 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(model: Path, device: str, decode: dict[str, object], host: str, port: int, settings: ServeSettings,
-          api_keys: Path | None = None, tag: str | None = None) -> None:
-    """Serve a run until stopped; `tag` goes in front of every source line."""
+          api_keys: Path | None = None, tag: str | None = None,
+          attach: Callable[[Translator], Translator] = lambda t: t) -> None:
+    """Serve a run until stopped; `tag` goes in front of every source line; `attach` gives the
+    loaded translator its engine (`--engine`)."""
     if api_keys is not None:
         settings.api_keys = read_api_keys(api_keys)
-    translator = Translator.load(model, device, decode).with_tag(tag)  # a bad run fails here, before the port opens
+    translator = attach(Translator.load(model, device, decode).with_tag(tag))  # a bad run fails here, before the port opens
     sock = listen(host, port)
     app = create_app(translator, settings)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5)

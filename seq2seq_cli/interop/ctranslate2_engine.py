@@ -1,0 +1,127 @@
+"""`--engine ctranslate2`: the translator's beam and greedy searches run by CTranslate2.
+
+At start the run's weights are converted as `export --format ctranslate2` converts them,
+into a temporary folder that is deleted once CTranslate2 has loaded them, so nothing is
+written to the run or left behind. CTranslate2 then decodes the same model with the same
+settings as our search: beam size, length penalty (the `average` form), minimum length
+and each sentence's output limit (a * source + b tokens, then EOS). It decodes each batch
+with the batch's longest limit; an output that reaches its own sentence's limit, or holds
+a token our search bans (padding, the decoder start token), is decoded again by our
+search. So are sentences with a forced prefix or constraints, and sampling, the gnmt
+length penalty, n-gram bans, ban_unk and n-best lists, which CTranslate2 does otherwise
+(`CTranslate2Engine.why_not`). Compute type: float32, or int8 with `--quantize int8`; on
+CUDA, float16 or bfloat16 as `--precision` says.
+
+Threads: CTranslate2 takes the CPU threads, torch keeps one (`claim_threads`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.engines import output_limit
+from seq2seq_cli.decode.search import Hypothesis, length_penalty, max_source_subwords
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.device import decoding_dtype
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.ids import PAD
+from seq2seq_cli.interop.export import convert_ctranslate2
+from seq2seq_cli.run.loaded import load_run
+
+COMPUTE_TYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class CTranslate2Engine:
+    """A CTranslate2 `Translator` holding a run's weights, searching as our search does."""
+
+    translator: Any  # ctranslate2.Translator
+    src_pieces: list[str]  # source id -> piece
+    tgt_ids: dict[str, int]  # target piece -> id
+    banned: set[str]  # pieces our search never produces: padding, the decoder start token
+    cap: int  # the longest output any sentence may get (the model's positions)
+    name: str = field(default="ctranslate2")
+
+    def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
+        if opts.sampling:
+            return "sampling draws from each line's own seeded generator"
+        if opts.length_penalty_type != "average":
+            return f"CTranslate2 has no {opts.length_penalty_type} length penalty"
+        if opts.no_repeat_ngram_size:
+            return "CTranslate2 bans repeated n-grams otherwise (other outputs for 2 sentences in 5)"
+        if opts.ban_unk:
+            return "CTranslate2 bans UNK before the softmax, our search after it"
+        if nbest > 1:
+            return "CTranslate2 gathers the finished hypotheses of an n-best list otherwise (the best one is the same)"
+        return None
+
+    def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
+        limits = [output_limit(len(s), opts, self.cap) for s in ids]
+        pieces = [[self.src_pieces[i] for i in s[:-1]] for s in ids]  # CTranslate2 adds the EOS itself
+        # An output of `limit` tokens then EOS is one of max_decoding_length = limit + 1 tokens,
+        # EOS counted; one that reaches its limit is left to our search, which forces EOS there.
+        results = self.translator.translate_batch(
+            pieces, beam_size=opts.beam_size, num_hypotheses=nbest, length_penalty=opts.length_penalty,
+            max_decoding_length=max(limits) + 1, min_decoding_length=opts.min_len, return_scores=True, max_input_length=0,
+        )
+        return [self._hypotheses(r, limit, opts, nbest) for r, limit in zip(results, limits)]
+
+    def _hypotheses(self, result: Any, limit: int, opts: DecodeConfig, nbest: int) -> list[Hypothesis] | None:
+        """One sentence's CTranslate2 result as our hypotheses, or None where our search would
+        differ: an output that reaches `limit`, or holds a token our search bans."""
+        hyps = []
+        for toks, score in zip(result.hypotheses, result.scores):
+            if len(toks) >= limit or self.banned.intersection(toks):
+                return None
+            lp = length_penalty(len(toks) + 1, opts.length_penalty, opts.length_penalty_type)
+            hyps.append(Hypothesis([self.tgt_ids[p] for p in toks], score, score * lp))
+        return hyps if len(hyps) == nbest else None
+
+
+def claim_threads() -> int:
+    """Call before torch computes anything: the threads for CTranslate2 (torch's count), torch
+    left with one. Each brings its own OpenMP runtime, and once torch's has run on several
+    threads, CTranslate2's run several times slower on the same cores (a lone sentence at
+    beam 4 on 2 cores: 13 ms, 83 to 119 ms after torch had computed on 2 threads); torch then
+    only loads the run and decodes what the engine leaves to it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
+
+
+def with_ctranslate2(translator: Translator, model_path: str | Path, threads: int = 1) -> Translator:
+    """`translator` with the CTranslate2 engine of the run at `model_path` attached, on the
+    translator's device, with `threads` threads on a CPU (`claim_threads`); UserError when
+    CTranslate2 is missing or cannot hold the model."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("--engine ctranslate2 needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
+    if translator.ensemble_runs:
+        raise UserError("--engine ctranslate2 decodes one model; an ensemble (--model given twice or more) "
+                        "decodes with --engine torch")
+    device = translator.device.type
+    dtype = decoding_dtype(translator.decode, translator.device)
+    compute = "int8" if translator.decode.quantize == "int8" else COMPUTE_TYPES[dtype]
+    supported = sorted(ctranslate2.get_supported_compute_types(device))
+    if compute not in supported:
+        raise UserError(f"--engine ctranslate2: CTranslate2 on {device} computes in {', '.join(supported)}, "
+                        f"not {compute}; choose --precision or --quantize accordingly")
+    run = load_run(model_path, "cpu")
+    src_vocab = [run.src_sp.id_to_piece(i) for i in range(run.src_sp.get_piece_size())]
+    tgt_vocab = [run.tgt_sp.id_to_piece(i) for i in range(run.tgt_sp.get_piece_size())]
+    with tempfile.TemporaryDirectory(prefix="seq2seq-ct2-") as tmp:
+        folder = convert_ctranslate2(run.model, src_vocab, tgt_vocab, Path(tmp) / "model")
+        ct = ctranslate2.Translator(str(folder), device=device, device_index=translator.device.index or 0,
+                                    compute_type=compute, intra_threads=threads, inter_threads=1)
+    torch.set_num_threads(1)  # CTranslate2 set the process's OpenMP thread count to its own (`claim_threads`)
+    banned = {tgt_vocab[PAD], tgt_vocab[run.config.model.decoder_start_id]}
+    engine = CTranslate2Engine(ct, src_vocab, {p: i for i, p in enumerate(tgt_vocab)}, banned,
+                               max_source_subwords(translator.model))
+    return translator.with_engine(engine)

@@ -1,0 +1,180 @@
+"""`--engine ctranslate2`: CTranslate2 decodes the run's weights with our search's settings,
+so a translator with the engine attached answers as our search does (up to ties of float32
+rounding), and leaves to our search what CTranslate2 would do differently: outputs that reach
+their limit, forced prefixes, sampling, the gnmt penalty. Nothing is written outside a
+temporary folder, which is gone once the engine is loaded."""
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, SHIPPED
+from helpers import sequence_log_prob
+from seq2seq_cli.cli import app
+from seq2seq_cli.config import load_config
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.train.loop import train
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
+from seq2seq_cli.interop.ctranslate2_engine import with_ctranslate2  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("engine")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp / "run")
+    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
+    raw["model"].update(d_model=64, heads=4, ffn_size=128, encoder_layers=2, decoder_layers=2)
+    raw["train"].update(max_steps=150, lr=0.005, warmup_steps=30)
+    path = tmp / "c.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return train(load_config(path), progress=False, log=lambda _: None)
+
+
+LINES = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:30]
+
+
+class Counting:
+    """A CTranslate2 translator that counts the sentences given to it."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.sentences = inner, 0
+
+    def translate_batch(self, source, **kwargs):
+        self.sentences += len(source)
+        return self.inner.translate_batch(source, **kwargs)
+
+
+def pair(run_dir: Path, settings: dict) -> tuple[Translator, Translator, Counting]:
+    """(our search's translator, the same with the engine attached, its counting CTranslate2)."""
+    ours = Translator.load(run_dir, "cpu", settings)
+    with_engine = with_ctranslate2(ours, run_dir)
+    counting = Counting(with_engine.engine.translator)
+    with_engine.engine.translator = counting
+    return ours, with_engine, counting
+
+
+def assert_same(ours, theirs, tr: Translator, lines: list[str]) -> None:
+    """The same n-best lists, scores to 1e-3; where the outputs differ (at most 2 sentences),
+    both hypotheses score the same under our model (a tie broken the other way)."""
+    differ = 0
+    for line, o, t in zip(lines, ours, theirs):
+        for a, b in zip(o, t):
+            if a.tokens == b.tokens:
+                assert b.score == pytest.approx(a.score, rel=2e-3, abs=1e-3)
+                assert b.log_prob == pytest.approx(a.log_prob, rel=2e-3, abs=2e-2)
+                continue
+            differ += 1
+            src = torch.tensor(tr.encode([line])[0])
+            with torch.no_grad():
+                mine = sequence_log_prob(tr.model, src, a.tokens) / (len(a.tokens) + 1)
+                other = sequence_log_prob(tr.model, src, b.tokens) / (len(b.tokens) + 1)
+            assert abs(mine - other) < 1e-3, (line, a.tokens, b.tokens)
+    assert differ <= 2
+
+
+@pytest.mark.parametrize("settings", [
+    {"beam_size": 4, "length_penalty": 1.0},
+    {"beam_size": 1},
+    {"beam_size": 3, "length_penalty": 0.6, "min_len": 4},
+])
+def test_the_engine_answers_as_our_search(run_dir, settings):
+    ours, with_engine, counting = pair(run_dir, settings)
+    want = ours.translate_hypotheses(LINES)
+    got = with_engine.translate_hypotheses(LINES)
+    assert counting.sentences == len(LINES)  # CTranslate2 decoded every sentence
+    assert_same(want, got, ours, LINES)
+    if settings.get("min_len"):
+        assert all(len(h[0].tokens) >= 4 for h in got)
+
+
+def test_outputs_that_reach_their_limit_are_left_to_our_search(run_dir):
+    settings = {"beam_size": 4, "max_len_a": 0.0, "max_len_b": 3}
+    ours, with_engine, counting = pair(run_dir, settings)
+    found = with_engine.engine.search(with_engine.encode(LINES[:5]), with_engine.decode, 1)
+    assert found == [None] * 5  # the untrained-length limit is reached by every sentence
+    want = ours.translate_hypotheses(LINES[:5])
+    got = with_engine.translate_hypotheses(LINES[:5])
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
+    assert all(len(h[0].tokens) <= 3 for h in got)
+
+
+def test_a_batch_s_longest_limit_does_not_lengthen_a_short_sentence_s_output(run_dir):
+    # a short sentence and a long one share a batch: CTranslate2 decodes both to the long one's
+    # limit, and the short one's output still keeps to its own
+    settings = {"beam_size": 2, "max_len_a": 0.5, "max_len_b": 1}
+    ours, with_engine, _ = pair(run_dir, settings)
+    lines = ["Dios.", " ".join(LINES[:3])]
+    got = with_engine.translate_hypotheses(lines)
+    limits = [int(0.5 * len(ids) + 1) for ids in with_engine.encode(lines)]
+    assert all(len(h[0].tokens) <= n for h, n in zip(got, limits))
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in ours.translate_hypotheses(lines)]
+
+
+@pytest.mark.parametrize("settings,nbest", [
+    ({"sampling": True, "seed": 3}, 1), ({"length_penalty_type": "gnmt"}, 1), ({"no_repeat_ngram_size": 2}, 1),
+    ({"ban_unk": True}, 1),
+    ({"beam_size": 4}, 3),
+])
+def test_options_the_engine_does_otherwise_go_to_our_search(run_dir, settings, nbest):
+    ours, with_engine, counting = pair(run_dir, settings)
+    assert with_engine.engine.why_not(with_engine.decode, nbest) is not None
+    got = with_engine.translate_hypotheses(LINES[:6], nbest)
+    assert counting.sentences == 0
+    want = ours.translate_hypotheses(LINES[:6], nbest)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+
+
+def test_a_forced_prefix_goes_to_our_search(run_dir):
+    ours, with_engine, counting = pair(run_dir, {"beam_size": 3})
+    prefix = with_engine.tgt_sp.encode("And God")
+    got = with_engine.translate_hypotheses(LINES[:3], prefixes=[prefix, [], []])
+    assert got[0][0].tokens[: len(prefix)] == prefix
+    assert counting.sentences == 2  # the two lines without a prefix
+    want = ours.translate_hypotheses(LINES[:3], prefixes=[prefix, [], []])
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
+
+
+def test_loading_the_engine_leaves_nothing_behind(run_dir, tmp_path, monkeypatch):
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with_ctranslate2(Translator.load(run_dir, "cpu", {}), run_dir)
+    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+
+
+def test_translate_with_the_engine_writes_our_search_s_translations(run_dir, tmp_path):
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(LINES[:8] + ["", LINES[8]]) + "\n", encoding="utf-8")
+    outputs = {}
+    for engine in ("torch", "ctranslate2"):
+        out = tmp_path / f"{engine}.en"
+        r = CliRunner().invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--engine", engine,
+                                     "--beam-size", "3", "--no-progress"])
+        assert r.exit_code == 0, r.output
+        outputs[engine] = out.read_text(encoding="utf-8").splitlines()
+    assert len(outputs["ctranslate2"]) == 10 and outputs["ctranslate2"][8] == ""
+    assert sum(a != b for a, b in zip(outputs["torch"], outputs["ctranslate2"])) <= 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--engine", "onnx"], "--engine 'onnx': expected torch or ctranslate2"),
+    (["--engine", "ctranslate2", "--precision", "bf16"], "--engine ctranslate2: CTranslate2 on cpu computes in"),
+])
+def test_engine_errors_are_one_line(run_dir, args, message):
+    r = CliRunner().invoke(app, ["translate", "-m", str(run_dir), "-i", "-", *args], input="Hola.\n")
+    assert r.exit_code == 1
+    assert r.output.strip().startswith(f"error: {message}"), r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_an_ensemble_is_refused_by_the_engine(run_dir):
+    r = CliRunner().invoke(app, ["translate", "-m", str(run_dir), "-m", str(run_dir), "-i", "-", "--engine", "ctranslate2"],
+                           input="Hola.\n")
+    assert r.exit_code == 1
+    assert "error: --engine ctranslate2 decodes one model" in r.output
