@@ -237,6 +237,9 @@ def main() -> None:
                     help="the Python of LibreTranslate's own virtual environment (default: $LIBRETRANSLATE_PYTHON)")
     ap.add_argument("--lt-compute-type", default="float32",
                     help="ARGOS_COMPUTE_TYPE of LibreTranslate's CTranslate2 translator (auto: argos's default)")
+    ap.add_argument("--lt-settings", action="store_true",
+                    help="our servers search with argostranslate's fixed settings (length penalty 0.2, outputs of up to "
+                         "256 tokens, EOS counted) instead of the run's, so that both answer alike")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
@@ -267,6 +270,8 @@ def main() -> None:
             return [args.lt_python, "-c", LT_SERVER, "--host", "127.0.0.1", "--port", str(port), "--load-only", ",".join(pair),
                     "--disable-web-ui", "--disable-files-translation"], lt_env
         flags = {"unbatched": ["--no-batching"], "ours-ct2": ["--engine", "ctranslate2"]}.get(system, [])
+        if args.lt_settings:
+            flags += ["--length-penalty", "0.2", "--max-len-a", "0", "--max-len-b", "255"]
         return [sys.executable, "-m", "seq2seq_cli", "serve", "--model", str(args.run), "--device", "cpu", "--port", str(port),
                 "--beam-size", str(args.beam), "--max-queue", "1024", "--timeout", "600", *flags], env
 
