@@ -162,6 +162,23 @@ def test_libretranslate_client_gets_what_translate_writes(server, run_dir, tmp_p
     assert body["detectedLanguage"] == {"confidence": 100.0, "language": "es"}
 
 
+def test_the_ctranslate2_engine_serves_what_translate_writes(run_dir, tmp_path):
+    """`serve --engine ctranslate2`: the LibreTranslate client gets `translate`'s lines; a
+    prefix (which the engine leaves to our search) still works."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
+    s = Server(run_dir, tmp_path, "--engine", "ctranslate2", "--beam-size", "3")
+    try:
+        lines = SENTENCES[:6]
+        got = [LibreTranslateAPI(s.url).translate(line, "es", "en") for line in lines]
+        expected = translate_cli(run_dir, tmp_path, lines, "--beam-size", "3")
+        assert sum(a != b for a, b in zip(got, expected)) <= 1  # a tie of float32 rounding at most
+        assert len(set(expected)) > 1 and all(expected)
+        status, _, body = s.post("/v1/translate", {"q": [lines[0]], "prefix": ["And God"]})
+        assert status == 200 and body["results"][0]["translation"].startswith("And God")
+    finally:
+        s.stop()
+
+
 def test_alternatives_are_the_nbest_of_translate(server, run_dir, tmp_path):
     line = SENTENCES[3]
     status, _, body = server.post("/translate", {"q": line, "source": "es", "target": "en", "alternatives": 2, "api_key": KEY})
