@@ -280,7 +280,8 @@ def translate(
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
     from seq2seq_cli.decode.sentences import Splitter
     from seq2seq_cli.decode.terms import Terminology
-    from seq2seq_cli.decode.translate import OutputOptions, translate_file
+    from seq2seq_cli.decode.textfile import translate_file
+    from seq2seq_cli.decode.translate import OutputOptions
 
     if format not in ("text", "html", "xml"):
         raise UserError(f"--format {format!r}: expected text, html or xml")

@@ -416,10 +416,11 @@ def test_attention_plots_onto_a_file_fails_before_decoding(run, tmp_path, monkey
 
 @pytest.mark.parametrize("from_file", [True, False])
 def test_many_attention_plots_are_warned_about(run, tmp_path, monkeypatch, from_file):
+    from seq2seq_cli.decode import textfile
     from seq2seq_cli.decode import translate as module
 
     drawn: list[Path] = []
-    monkeypatch.setattr(module, "PLOT_WARNING", 3)
+    monkeypatch.setattr(textfile, "PLOT_WARNING", 3)
     monkeypatch.setattr(module, "plot_attention", lambda weights, src, tgt, path: drawn.append(path))
     src = tmp_path / "in.es"
     src.write_text("hola\nadiós\nsí\nno\n", encoding="utf-8")

@@ -106,7 +106,7 @@ class Pieces:
 
 
 def test_vocabularies_are_compared_piece_for_piece():
-    from seq2seq_cli.decode.translate import vocabulary_difference
+    from seq2seq_cli.decode.ensemble import vocabulary_difference
 
     first = Pieces(["<pad>", "<unk>", "▁the", "▁house"])
     assert vocabulary_difference(Pieces(list(first.pieces)), first) is None  # type: ignore[arg-type]

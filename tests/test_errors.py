@@ -670,6 +670,7 @@ def test_every_case_is_documented():
 
 def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch):
     """Interrupted after the first chunk's lines went to the output: the old file stays whole."""
+    import seq2seq_cli.decode.textfile as textfile_module
     import seq2seq_cli.decode.translate as translate_module
 
     out = ws / "keep.txt"
@@ -687,7 +688,7 @@ def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch)
             raise KeyboardInterrupt
         return real_search(*args, **kwargs)
 
-    monkeypatch.setattr(translate_module, "CHUNK_LINES", 3)
+    monkeypatch.setattr(textfile_module, "CHUNK_LINES", 3)
     monkeypatch.setattr(translate_module, "search", search_then_interrupt)
     args = ["translate", "-m", str(ws / "run"), "-i", str(src), "-o", str(out), "--batch-tokens", "100000", "--no-progress"]
     result = runner.invoke(app, args)

@@ -164,10 +164,10 @@ def test_progress_advances_per_decoded_batch(run_dir, sentences):
 
 @pytest.mark.parametrize("to_stdout", [True, False])
 def test_the_progress_bar_is_closed(run_dir, sentences, tmp_path, monkeypatch, to_stdout):
-    import seq2seq_cli.decode.translate as translate_module
+    import seq2seq_cli.decode.textfile as textfile_module
 
     Recorder.instances.clear()
-    monkeypatch.setattr(translate_module, "tqdm", Recorder)
+    monkeypatch.setattr(textfile_module, "tqdm", Recorder)
     src = tmp_path / "in.es"
     src.write_text("\n".join(sentences[:3]) + "\n", encoding="utf-8")
     out = "-" if to_stdout else str(tmp_path / "out.en")
@@ -276,7 +276,7 @@ def test_on_cpu_threads_each_decode_a_batch_of_their_own_and_a_lone_sentence_one
 
 
 def test_spread_cuts_the_largest_batch_until_each_thread_has_one():
-    from seq2seq_cli.decode.translate import spread
+    from seq2seq_cli.decode.threads import spread
 
     assert spread([[0, 1, 2, 3, 4]], 2) == [[0, 1], [2, 3, 4]]
     assert spread([[0], [1, 2, 3, 4]], 4) == [[0], [1], [2], [3, 4]]

@@ -10,20 +10,28 @@ distributions are averaged in probability space, as fairseq's ensembles do:
 and the search's bans, forced tokens and scores apply to that average. The members share
 one target vocabulary and one source vocabulary (the source is encoded once into ids), and
 the same decoder start token; `Translator.load` refuses any other combination
-(`check_member` in `seq2seq_cli/decode/translate.py`).
+(`check_member`, below).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.errors import UserError
 from seq2seq_cli.model.kv_cache import DecoderState
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
+
+if TYPE_CHECKING:
+    from sentencepiece import SentencePieceProcessor
+
+    from seq2seq_cli.run.loaded import LoadedRun
 
 
 @dataclass
@@ -64,3 +72,27 @@ class Ensemble:
     def average(self, lprobs: list[Tensor]) -> Tensor:
         """The members' log-probabilities (each (N, V)) -> log of their mean probability (N, V)."""
         return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+
+
+def vocabulary_difference(mine: SentencePieceProcessor, first: SentencePieceProcessor) -> str | None:
+    """How a tokenizer's vocabulary differs from another's (None: the same pieces, id for id)."""
+    if mine.get_piece_size() != first.get_piece_size():
+        return f"{mine.get_piece_size()} pieces, {first.get_piece_size()} in"
+    for i in range(mine.get_piece_size()):
+        if mine.id_to_piece(i) != first.id_to_piece(i):
+            return f"piece {i} is {mine.id_to_piece(i)!r} there, {first.id_to_piece(i)!r} in"
+    return None
+
+
+def check_member(run: LoadedRun, path: str | Path, first: LoadedRun, first_path: str | Path) -> None:
+    """Refuse an ensemble member whose ids mean other pieces than the first run's (target or
+    source vocabulary) or whose outputs start with another token."""
+    for side, mine, theirs in (("target", run.tgt_sp, first.tgt_sp), ("source", run.src_sp, first.src_sp)):
+        diff = vocabulary_difference(mine, theirs)
+        if diff is not None:
+            raise UserError(f"{path}: its {side} vocabulary differs from that of {first_path} ({diff} {first_path}); "
+                            f"an ensemble's models need the same {side} vocabulary")
+    a, b = run.model.cfg.decoder_start_id, first.model.cfg.decoder_start_id
+    if a != b:
+        raise UserError(f"{path}: starts its outputs with token {a}, {first_path} with {b}; an ensemble's models "
+                        "need the same decoder start token")

@@ -18,14 +18,17 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import BOM
 from seq2seq_cli.layout import RunLayout
+
+CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 
 STDIN = "<stdin>"
 
@@ -142,3 +145,10 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Lists of `size` consecutive lines (the last one shorter)."""
+    it = iter(lines)
+    while chunk := list(islice(it, size)):
+        yield chunk

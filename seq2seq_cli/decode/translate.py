@@ -1,6 +1,6 @@
-"""Translate lines, files and stdin with a trained run.
+"""The `Translator`: a loaded run translating lines (files and stdin: `textfile.py`).
 
-Input is read in chunks; each chunk is sorted by length, cut into batches by a source-token
+Lines come in chunks; each chunk is sorted by length, cut into batches by a source-token
 budget, decoded, detokenised and written back in input order, so memory stays bounded on
 large files and the output lines match the input lines one for one (an empty input line
 gives an empty output line). With --nbest N each input gives N consecutive lines. With
@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,51 +33,24 @@ from seq2seq_cli.data.batching import pad_batch, token_batches
 from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
 from seq2seq_cli.decode.engines import SearchEngine
-from seq2seq_cli.decode.ensemble import Ensemble
-from seq2seq_cli.decode.files import check_output, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
+from seq2seq_cli.decode.ensemble import Ensemble, check_member
+from seq2seq_cli.decode.files import CHUNK_LINES, chunked
 from seq2seq_cli.decode.onednn import for_decoding
+from seq2seq_cli.decode.plots import plot_attention
+from seq2seq_cli.decode.prefixes import PrefixFile
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
 from seq2seq_cli.decode.sentences import SplitPlan, Splitter, plan
 from seq2seq_cli.decode.terms import Terminology
+from seq2seq_cli.decode.threads import one_thread, spread
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, UNK
 from seq2seq_cli.layout import CONFIG
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
-from seq2seq_cli.run.loaded import LoadedRun, load_run
+from seq2seq_cli.run.loaded import load_run
 
 if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
-
-CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
-PLOT_WARNING = 50  # sentences beyond which --attention-plots warns that it is slow
-
-
-def spread(batches: list[list[int]], threads: int) -> list[list[int]]:
-    """Batches (of line indices, sorted by length) cut so that `threads` threads have one each
-    where there are fewer: the one of most lines is halved, in its order, until there are
-    enough or every batch holds one line."""
-    batches = list(batches)
-    while len(batches) < threads:
-        largest = max(range(len(batches)), key=lambda i: len(batches[i]), default=None)
-        if largest is None or len(batches[largest]) < 2:
-            break
-        batch = batches.pop(largest)
-        batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
-    return batches
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """torch's intra-op threads set to one in this thread meanwhile, then restored."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
 
 @dataclass
 class OutputOptions:
@@ -470,69 +440,6 @@ class Translator:
         return phrases
 
 
-class PrefixFile:
-    """The lines of a --prefix file (target text each output starts with; blank = none),
-    checked (UTF-8) and tokenized once, before anything is translated, then handed out chunk
-    by chunk along the input."""
-
-    def __init__(self, path: Path, input_name: str, translator: Translator) -> None:
-        if not path.exists() and not path.is_symlink():
-            raise UserError(f"{path}: prefix file not found (expected one line of target text per input line)")
-        check_text_file(path)
-        self.path = path
-        self.input_name = input_name
-        self.lines = list(iter_lines(path))
-        if self.lines:
-            self.lines[0] = self.lines[0].removeprefix("\ufeff")
-        self.ids = translator.encode_prefixes(self.lines, lambda i: f"{path}:{i + 1}")
-
-    def mismatch(self, input_lines: int | str) -> UserError:
-        return UserError(f"{self.path} has {len(self.lines)} lines but the input {self.input_name} has {input_lines}; "
-                         "give one prefix per input line (an empty line for none)")
-
-    def check_count(self, input_lines: int) -> None:
-        """Refuse an input whose line count is not the file's."""
-        if input_lines != len(self.lines):
-            raise self.mismatch(input_lines)
-
-    def take(self, start: int, count: int) -> list[list[int]]:
-        """The target ids of the prefixes of input lines start .. start+count-1 (from 0)."""
-        if start + count > len(self.lines):
-            raise self.mismatch(f"more ({start + count} at least)")
-        return self.ids[start : start + count]
-
-
-def vocabulary_difference(mine: SentencePieceProcessor, first: SentencePieceProcessor) -> str | None:
-    """How a tokenizer's vocabulary differs from another's (None: the same pieces, id for id)."""
-    if mine.get_piece_size() != first.get_piece_size():
-        return f"{mine.get_piece_size()} pieces, {first.get_piece_size()} in"
-    for i in range(mine.get_piece_size()):
-        if mine.id_to_piece(i) != first.id_to_piece(i):
-            return f"piece {i} is {mine.id_to_piece(i)!r} there, {first.id_to_piece(i)!r} in"
-    return None
-
-
-def check_member(run: LoadedRun, path: str | Path, first: LoadedRun, first_path: str | Path) -> None:
-    """Refuse an ensemble member whose ids mean other pieces than the first run's (target or
-    source vocabulary) or whose outputs start with another token."""
-    for side, mine, theirs in (("target", run.tgt_sp, first.tgt_sp), ("source", run.src_sp, first.src_sp)):
-        diff = vocabulary_difference(mine, theirs)
-        if diff is not None:
-            raise UserError(f"{path}: its {side} vocabulary differs from that of {first_path} ({diff} {first_path}); "
-                            f"an ensemble's models need the same {side} vocabulary")
-    a, b = run.model.cfg.decoder_start_id, first.model.cfg.decoder_start_id
-    if a != b:
-        raise UserError(f"{path}: starts its outputs with token {a}, {first_path} with {b}; an ensemble's models "
-                        "need the same decoder start token")
-
-
-def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:
-    """Lists of `size` consecutive lines (the last one shorter)."""
-    it = iter(lines)
-    while chunk := list(islice(it, size)):
-        yield chunk
-
-
 def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:
     """A rejected decoding option as one line: the flag (or the run's decode.* key), the value
     and what is allowed."""
@@ -546,111 +453,3 @@ def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) ->
         where = f"--{name.replace('_', '-')}" if name in overrides else f"decode.{name} (the run's config)"
         problems.append(f"{where} {err['input']!r}: {msg}")
     return "; ".join(problems)
-
-
-def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path) -> None:
-    """Heatmap of cross-attention (target pieces x source pieces) written as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    T, S = weights.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * S + 1.5), max(3.0, 0.35 * T + 1.0)))
-    ax.imshow(weights.numpy(), cmap="Greys", vmin=0.0, aspect="auto")
-    ax.set_xticks(range(S), src_pieces, rotation=90, fontsize=8)
-    ax.set_yticks(range(T), tgt_pieces, fontsize=8)
-    ax.set_xlabel("source")
-    ax.set_ylabel("output")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
-
-
-def translate_file(
-    translator: Translator, src: str, out: str, opts: OutputOptions | None = None, progress: bool = True,
-    prefix: Path | None = None,
-) -> int:
-    """Translate `src` ('-' = stdin) into `out` ('-' = stdout); returns the number of output lines.
-    `prefix`: a file of target text each output starts with, one line per input line.
-
-    Stdin (a terminal or a pipe) is answered as it arrives: the lines already there are
-    translated and written before more is read (`stdin_chunks`); files go in chunks of CHUNK_LINES.
-    A file `out` is replaced only once every line is translated (see `write_lines`).
-    """
-    opts = opts or OutputOptions()
-    if out != "-" and not Path(out).parent.is_dir():
-        raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
-    if out != "-" and Path(out).is_dir():
-        raise UserError(f"{out}: is a directory, expected a file name to write")
-    if out != "-":
-        inputs = {"input": Path(src)} if src != "-" else {}
-        if opts.terminology is not None:
-            inputs.update(opts.terminology.files())
-        if prefix is not None:
-            inputs["--prefix"] = prefix
-        protected: list[Path | None] = [*translator.run_dirs()] or [None]  # None: no run to protect
-        for run_dir in protected:
-            check_output(Path(out), inputs, run_dir, "the translation")
-    prefix_file = None if prefix is None else PrefixFile(prefix, "stdin" if src == "-" else src, translator)
-    if opts.attention_plots is not None:
-        prepare_plot_dir(opts.attention_plots)
-    if opts.terminology is not None:
-        if translator.decode.sampling:
-            raise UserError("--constraints and --glossary need beam search; leave out --sampling")
-        if isinstance(translator.model, Ensemble):
-            raise UserError("--constraints and --glossary decode with one model; give one --model (-m)")
-        opts.terminology.check_tokens(translator.tgt_sp)
-    if src == "-":
-        stdin = getattr(sys.stdin, "buffer", None)
-        chunks = stdin_chunks(stdin, CHUNK_LINES) if stdin is not None else chunked(sys.stdin, CHUNK_LINES)
-        total: int | None = None
-    else:
-        total = check_text_file(Path(src))  # bad input is reported before anything is translated
-        if opts.terminology is not None:
-            opts.terminology.check_line_count(total, src)
-        if prefix_file is not None:
-            prefix_file.check_count(total)
-        chunks = chunked(iter_lines(Path(src)), CHUNK_LINES)
-    if opts.attention_plots is not None:
-        chunks = warn_about_plots(chunks, total)
-    cut: list[int] = []
-    with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_chunks(chunks, opts, bar, cut, "stdin" if src == "-" else src, prefix_file)
-        if out != "-":
-            with terminate_as_interrupt():  # SIGTERM removes the temporary file, as Ctrl-C does
-                count = write_lines(Path(out), (line for rows in outputs for line in rows))
-        else:
-            count = 0
-            sink: TextIO = sys.stdout
-            for rows in outputs:
-                sink.writelines(line + "\n" for line in rows)
-                sink.flush()  # each chunk is answered as soon as it is translated
-                count += len(rows)
-    if cut:
-        print(describe_cut(src, cut, max_source_subwords(translator.model)), file=sys.stderr)
-    return count
-
-
-def warn_about_plots(chunks: Iterable[list[str]], total: int | None) -> Iterator[list[str]]:
-    """Pass `chunks` on, warning once that --attention-plots is slow for more than
-    PLOT_WARNING sentences: at once when `total` is known, else when the input gets there."""
-    seen, warned = 0, False
-    for chunk in chunks:
-        seen += len(chunk)
-        count = total if total is not None else seen
-        if not warned and count > PLOT_WARNING:
-            some = f"{count}" if total is not None else f"more than {PLOT_WARNING}"
-            print(f"warning: --attention-plots draws one PNG per sentence, about a second each: {some} sentences "
-                  "will take a while (plot a few chosen lines instead)", file=sys.stderr)
-            warned = True
-        yield chunk
-
-
-def describe_cut(src: str, cut: list[int], limit: int) -> str:
-    """The one warning of a file whose lines were cut to the model's positions."""
-    shown = ", ".join(map(str, cut[:10])) + (", ..." if len(cut) > 10 else "")
-    name = "stdin" if src == "-" else src
-    return (f"warning: {name}: {len(cut)} line(s) longer than the model's {limit} source subwords were cut "
-            f"to fit (lines {shown}); their translations cover only the beginning")
