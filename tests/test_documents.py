@@ -123,6 +123,8 @@ def test_tags_stay_around_the_words_they_enclosed():
             'Y la tierra <br>estaba <span class="v">vacía</span> y sola.</p>')
     assert translate_with(page) == page
     assert translate_with("<p>uno<br>dos</p>") == "<p>uno <br>dos</p>"  # a line break parts words
+    # between two sentences, a tag goes before the words of the one after it
+    assert translate_with("<p>Supercalifragilístico.<br>A b c d e f.</p>") == "<p>Supercalifragilístico. <br>A b c d e f.</p>"
 
 
 def test_tags_follow_their_words_when_the_order_changes():
