@@ -272,7 +272,7 @@ def translate(
     prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
     tag: TagOpt = None,
     split: SplitOpt = True,
-    format: Annotated[str, typer.Option("--format", help="text (line by line), or html or xml: the input is one document, its text translated and its markup kept. An input named *.docx is translated as a Word document.")] = "text",
+    format: Annotated[str, typer.Option("--format", help="text (line by line), or html or xml: the input is one document, its text translated and its markup kept. An input named *.docx or *.odt is translated as a Word or OpenDocument text document.")] = "text",
     engine: EngineOpt = "torch",
     *,
     decode: dict[str, object],
@@ -294,13 +294,13 @@ def translate(
         raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
     splitter = Splitter(translator.languages[0]) if split else None
     opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology, splitter)
-    docx = input.lower().endswith(".docx")
-    if format != "text" or docx:
-        from seq2seq_cli.decode.documents import check_document_options, translate_document, translate_docx_file
+    office = Path(input).suffix.lower().lstrip(".") if input.lower().endswith((".docx", ".odt")) else ""  # a document by its name
+    if format != "text" or office:
+        from seq2seq_cli.decode.documents import check_document_options, translate_document, translate_office_file
 
-        check_document_options("docx" if docx else format, opts, prefix)
-        if docx:
-            translate_docx_file(translator, input, output, splitter)
+        check_document_options(office or format, opts, prefix)
+        if office:
+            translate_office_file(translator, input, output, splitter)
         else:
             translate_document(translator, input, output, format, splitter)
         if output != "-":

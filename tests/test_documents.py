@@ -123,6 +123,8 @@ def test_tags_stay_around_the_words_they_enclosed():
             'Y la tierra <br>estaba <span class="v">vacía</span> y sola.</p>')
     assert translate_with(page) == page
     assert translate_with("<p>uno<br>dos</p>") == "<p>uno <br>dos</p>"  # a line break parts words
+    # between two sentences, a tag goes before the words of the one after it
+    assert translate_with("<p>Supercalifragilístico.<br>A b c d e f.</p>") == "<p>Supercalifragilístico. <br>A b c d e f.</p>"
 
 
 def test_tags_follow_their_words_when_the_order_changes():
@@ -250,13 +252,143 @@ def test_docx_runs_keep_their_formatting_on_their_words(monkeypatch):
     assert out.paragraphs[0].text == " ".join(" ".join(s.split()[::-1]) for s in ES.split(source).sentences)
 
 
+ODT_SOURCE = ["Capítulo uno",  # the heading
+              "En el principio creó Dios los cielos y la tierra. Y la tierra estaba desordenada y vacía.",
+              "Hola mundo.",  # the table cell
+              "Y dijo Dios: Sea la luz.",  # the list item
+              "Cabecera de la página."]  # the header (styles.xml)
+
+
+def make_odt(path: Path | None = None) -> bytes:
+    """An .odt made with odfpy: a heading, a paragraph with a bold span, a space element and a
+    tab, a table cell, a list item and a page header."""
+    import io
+
+    from odf.opendocument import OpenDocumentText
+    from odf.style import Header, MasterPage, PageLayout, Style, TextProperties
+    from odf.table import Table, TableCell, TableColumn, TableRow
+    from odf.text import H, List, ListItem, P, S, Span, Tab
+
+    document = OpenDocumentText()
+    bold = Style(name="T1", family="text")
+    bold.addElement(TextProperties(fontweight="bold"))
+    document.automaticstyles.addElement(bold)
+    layout = PageLayout(name="pm1")
+    document.automaticstyles.addElement(layout)
+    page = MasterPage(name="Standard", pagelayoutname=layout)
+    header = Header()
+    header.addElement(P(text=ODT_SOURCE[4]))
+    page.addElement(header)
+    document.masterstyles.addElement(page)
+    document.text.addElement(H(outlinelevel=1, text=ODT_SOURCE[0]))
+    p = P(text="En el principio creó ")
+    p.addElement(Span(stylename=bold, text="Dios"))
+    p.addText(" los cielos y la tierra.")
+    p.addElement(S(c=2))
+    p.addText("Y la tierra")
+    p.addElement(Tab())
+    p.addText("estaba desordenada y vacía.")
+    document.text.addElement(p)
+    table, row, cell = Table(name="T"), TableRow(), TableCell()
+    cell.addElement(P(text=ODT_SOURCE[2]))
+    row.addElement(cell)
+    table.addElement(TableColumn())
+    table.addElement(row)
+    document.text.addElement(table)
+    items, item = List(), ListItem()
+    item.addElement(P(text=ODT_SOURCE[3]))
+    items.addElement(item)
+    document.text.addElement(items)
+    buffer = io.BytesIO()
+    document.save(buffer)
+    if path is not None:
+        path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def odt_shape(data: bytes) -> tuple[list[str], list[str], list[str]]:
+    """An .odt read with odfpy: the tags of the body's elements in document order, each text
+    paragraph's text (header last) and the texts of its bold spans."""
+    import io
+    import zipfile
+
+    from odf import teletype
+    from odf.opendocument import load
+    from odf.text import H, P, Span
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        first = archive.infolist()[0]
+        assert first.filename == "mimetype" and first.compress_type == zipfile.ZIP_STORED
+        assert archive.read("mimetype") == b"application/vnd.oasis.opendocument.text"
+        assert "META-INF/manifest.xml" in archive.namelist()
+    document = load(io.BytesIO(data))
+
+    def tags(element) -> list[str]:
+        return [t for child in element.childNodes if child.nodeType == child.ELEMENT_NODE
+                for t in [child.tagName, *tags(child)]]
+
+    texts = [teletype.extractText(p) for p in document.text.getElementsByType(H) + document.text.getElementsByType(P)]
+    texts += [teletype.extractText(p) for p in document.masterstyles.getElementsByType(P)]
+    bold = [teletype.extractText(s) for s in document.text.getElementsByType(Span) if s.getAttribute("stylename") == "T1"]
+    return tags(document.text), texts, bold
+
+
+def fake_odt_aligned(monkeypatch, reverse: bool = False) -> None:
+    from seq2seq_cli.decode import odt
+
+    monkeypatch.setattr(odt, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
+
+
+def test_odt_spans_stay_around_their_words(monkeypatch):
+    from seq2seq_cli.decode.odt import translate_odt
+
+    source = make_odt()
+    fake_odt_aligned(monkeypatch)
+    out = translate_odt(None, source, ES)  # type: ignore[arg-type]
+    assert odt_shape(out) == odt_shape(source)
+    tags, texts, bold = odt_shape(source)
+    assert "text:span" in tags and "text:s" in tags and "text:tab" in tags and "table:table-cell" in tags
+    assert texts[1] == "En el principio creó Dios los cielos y la tierra.  Y la tierra\testaba desordenada y vacía."
+    assert bold == ["Dios"]
+    fake_odt_aligned(monkeypatch, reverse=True)
+    tags_out, texts_out, bold_out = odt_shape(translate_odt(None, source, ES))  # type: ignore[arg-type]
+    assert tags_out == tags and bold_out == ["Dios"]
+    assert texts_out[0] == "uno Capítulo" and texts_out[2] == "mundo. Hola" and texts_out[-1] == "página. la de Cabecera"
+    assert texts_out[1].split()[:7] == "tierra. la y cielos los Dios creó".split()
+
+
+def test_an_odt_translated_by_the_model_keeps_its_structure(run_dir):
+    from seq2seq_cli.decode.docfiles import text_chars, translate_bytes
+
+    tr = Translator.load(run_dir, "cpu", {"no_repeat_ngram_size": 1})  # the tiny run repeats one piece; this makes words
+    source = make_odt()
+    out = translate_bytes(tr, "doc.odt", source, ES)
+    tags, texts, bold = odt_shape(out)
+    assert tags == odt_shape(source)[0] and all(t.strip() for t in texts)
+    assert len(bold) == 1 and bold[0].strip()  # the bold span holds output words
+    for i in (0, 2, 3, 4):  # the paragraphs without breaks: the model's translation of their sentences
+        split = ES.split(ODT_SOURCE[i])
+        assert texts[i] == split.join(tr.translate(split.sentences)), i
+    flat = texts[1].replace("\t", " ").split()
+    split = ES.split(" ".join(odt_shape(source)[1][1].split()))
+    assert flat == split.join(tr.translate(split.sentences)).split()
+    assert text_chars(".odt", source) == sum(len(" ".join(t.split())) for t in odt_shape(source)[1])
+
+
 BAD_FILES = {
     "not-a-docx": ("a.docx", b"plain text, not a zip", "a.docx: not a .docx file (a .docx is a zip archive; this is not one)"),
     "zip-not-docx": ("b.docx", "zip", "b.docx: not a .docx file (the archive holds no word/document.xml)"),
     "zip-bomb": ("c.docx", "bomb", "c.docx: refused: it unpacks to 314572800 bytes from"),
     "empty": ("d.txt", b"", "d.txt: the file is empty (0 bytes)"),
-    "extension": ("e.pdf", b"%PDF-1.4", "e.pdf: .pdf is not supported; send .txt, .html, .htm or .docx"),
+    "extension": ("e.pdf", b"%PDF-1.4", "e.pdf: .pdf is not supported; send .txt, .html, .htm, .docx or .odt"),
     "not-utf8": ("f.txt", b"\xff\xfe h", "f.txt: not UTF-8 text (invalid byte at 0)"),
+    "not-an-odt": ("g.odt", b"plain text, not a zip", "g.odt: not an .odt file (an .odt is a zip archive; this is not one)"),
+    "zip-not-odt": ("h.odt", "zip", "h.odt: not an .odt file (the archive holds no content.xml)"),
+    "odt-mimetype": ("i.odt", "spreadsheet", "i.odt: not an .odt file (its mimetype is "
+                     "application/vnd.oasis.opendocument.spreadsheet, not application/vnd.oasis.opendocument.text)"),
+    "odt-zip-bomb": ("j.odt", "bomb", "j.odt: refused: it unpacks to 314572800 bytes from"),
+    "odt-empty": ("k.odt", b"", "k.odt: the file is empty (0 bytes)"),
+    "odt-not-xml": ("l.odt", "broken", "l.odt: not a readable .odt file (content.xml: "),
 }
 
 
@@ -267,9 +399,16 @@ def bad_file(kind: str) -> tuple[str, bytes, str]:
     name, data, message = BAD_FILES[kind]
     if isinstance(data, str):
         buffer = io.BytesIO()
+        main = "content.xml" if name.endswith(".odt") else "word/document.xml"
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
             if data == "bomb":
-                archive.writestr("word/document.xml", b"\0" * (300 << 20))
+                archive.writestr(main, b"\0" * (300 << 20))
+            elif data == "spreadsheet":
+                archive.writestr("mimetype", "application/vnd.oasis.opendocument.spreadsheet")
+                archive.writestr(main, b"<office:document-content/>")
+            elif data == "broken":
+                archive.writestr("mimetype", "application/vnd.oasis.opendocument.text")
+                archive.writestr(main, b"<office:document-content><text:p>")
             else:
                 archive.writestr("other.txt", b"x")
         data = buffer.getvalue()
@@ -294,6 +433,32 @@ def test_a_bad_file_gets_one_clear_4xx(client, kind):
     name, data, message = bad_file(kind)
     r = c.post("/translate_file", files={"file": (name, data)}, data={"source": "es", "target": "en"})
     assert r.status_code == 400 and r.json()["error"].startswith(message), r.json()
+    assert list(app.state.files.folder.iterdir()) == []
+
+
+def test_an_odt_is_translated_through_translate_file(client, run_dir):
+    import io
+
+    from odf.opendocument import OpenDocumentText
+    from odf.text import P
+
+    c, app = client
+    r = c.post("/translate_file", files={"file": ("doc.odt", make_odt())}, data={"source": "es", "target": "en"})
+    assert r.status_code == 200, r.json()
+    url = r.json()["translatedFileUrl"]
+    assert re.fullmatch(r"http://testserver/download_file/[0-9a-f]{32}\.doc\.odt", url)
+    got = c.get(url.removeprefix("http://testserver"))
+    assert got.status_code == 200 and got.headers["content-type"] == "application/vnd.oasis.opendocument.text"
+    tags, texts, _ = odt_shape(got.content)
+    assert tags == odt_shape(make_odt())[0]
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 2})
+    assert texts[2] == tr.translate([ODT_SOURCE[2]], ES)[0]  # the table cell: one sentence
+    big = OpenDocumentText()
+    big.text.addElement(P(text="hola " * 700))
+    buffer = io.BytesIO()
+    big.save(buffer)
+    r = c.post("/translate_file", files={"file": ("big.odt", buffer.getvalue())}, data={"source": "es", "target": "en"})
+    assert r.status_code == 413 and r.json()["error"] == "file too large: 3499 characters of text, the limit is 3000"
     assert list(app.state.files.folder.iterdir()) == []
 
 
@@ -341,6 +506,19 @@ def test_translate_a_docx_on_the_command_line(run_dir, tmp_path):
     (tmp_path / "bad.docx").write_bytes(b"nope")
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(tmp_path / "bad.docx"), "-o", str(out)])
     assert r.exit_code == 1 and "bad.docx: not a .docx file" in r.output
+
+
+def test_translate_an_odt_on_the_command_line(run_dir, tmp_path):
+    src, out = tmp_path / "doc.odt", tmp_path / "doc.en.odt"
+    make_odt(src)
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert odt_shape(out.read_bytes())[0] == odt_shape(src.read_bytes())[0]
+    (tmp_path / "bad.odt").write_bytes(b"nope")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(tmp_path / "bad.odt"), "-o", str(out)])
+    assert r.exit_code == 1 and "bad.odt: not an .odt file (an .odt is a zip archive; this is not one)" in r.output
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--scores"])
+    assert r.exit_code == 1 and "--scores works line by line; --format odt translates a whole document" in r.output
 
 
 def test_every_bad_file_is_documented():

@@ -1,11 +1,12 @@
 """Files translated whole: .txt (line by line, lines cut into sentences), .html/.htm (markup
-carried through, `markup.py`) and .docx (python-docx: each paragraph translated in context,
-its runs' formatting, bold or italics, kept on the words aligned to the run's words).
+carried through, `markup.py`), .docx (python-docx: each paragraph translated in context,
+its runs' formatting, bold or italics, kept on the words aligned to the run's words) and .odt
+(`odt.py`: each paragraph in context, its spans kept around their words).
 
-A .docx is a zip: it is checked before it is opened (a zip, holding word/document.xml, not
-unpacking to more than MAX_UNPACKED bytes nor at a ratio over MAX_RATIO), so a bad or hostile
-file is one clear error. A run holding more than text (a drawing, a field, a tab) is kept as
-it is, untranslated, at its aligned place.
+A .docx or .odt is a zip: it is checked before it is opened (a zip, holding word/document.xml
+or content.xml, an .odt's mimetype the text one, not unpacking to more than MAX_UNPACKED bytes
+nor at a ratio over MAX_RATIO), so a bad or hostile file is one clear error. A run holding
+more than text (a drawing, a field, a tab) is kept as it is, untranslated, at its aligned place.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seq2seq_cli.decode import odt
 from seq2seq_cli.decode.markup import Node, Unit, _word_sources, translate_aligned, translate_markup
 from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.errors import UserError
@@ -24,9 +26,10 @@ from seq2seq_cli.errors import UserError
 if TYPE_CHECKING:
     from seq2seq_cli.decode.translate import Translator
 
-SUFFIXES = (".txt", ".html", ".htm", ".docx")
-MAX_UNPACKED = 200 << 20  # bytes a .docx may unpack to
-MAX_RATIO = 200  # unpacked / packed bytes of a large entry beyond which a .docx is refused as a zip bomb
+SUFFIXES = (".txt", ".html", ".htm", ".docx", ".odt")
+ARCHIVES = {".docx": ("a .docx", "word/document.xml"), ".odt": ("an .odt", "content.xml")}  # zips: what each must hold
+MAX_UNPACKED = 200 << 20  # bytes a .docx or .odt may unpack to
+MAX_RATIO = 200  # unpacked / packed bytes of a large entry beyond which a zip is refused as a zip bomb
 TEXT_TAGS = ("}t", "}rPr")  # what a run holding only text holds
 
 
@@ -38,27 +41,32 @@ def check_file(name: str, data: bytes) -> str:
                         f"send {', '.join(SUFFIXES[:-1])} or {SUFFIXES[-1]}")
     if not data:
         raise UserError(f"{name}: the file is empty (0 bytes)")
-    if suffix != ".docx":
+    if suffix not in ARCHIVES:
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})") from None
         return suffix
+    kind, required = ARCHIVES[suffix]
     if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise UserError(f"{name}: not a .docx file (a .docx is a zip archive; this is not one)")
+        raise UserError(f"{name}: not {kind} file ({kind} is a zip archive; this is not one)")
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         entries = archive.infolist()
-        if "word/document.xml" not in {e.filename for e in entries}:
-            raise UserError(f"{name}: not a .docx file (the archive holds no word/document.xml)")
+        if required not in {e.filename for e in entries}:
+            raise UserError(f"{name}: not {kind} file (the archive holds no {required})")
         unpacked = sum(e.file_size for e in entries)
         bomb = any(e.file_size > (1 << 20) and e.file_size > MAX_RATIO * max(1, e.compress_size) for e in entries)
         if unpacked > MAX_UNPACKED or bomb:
             raise UserError(f"{name}: refused: it unpacks to {unpacked} bytes from {len(data)} (a zip bomb?)")
+        if suffix == ".odt":
+            odt.check_mimetype(name, archive)
     return suffix
 
 
-def text_chars(suffix: str, data: bytes) -> int:
+def text_chars(suffix: str, data: bytes, name: str = "the file") -> int:
     """Characters of text a checked file holds (what a server's limit counts)."""
+    if suffix == ".odt":
+        return odt.text_chars(data, name)
     if suffix != ".docx":
         return len(data.decode("utf-8"))
     import docx
@@ -67,10 +75,12 @@ def text_chars(suffix: str, data: bytes) -> int:
 
 
 def translate_bytes(translator: Translator, name: str, data: bytes, splitter: Splitter) -> bytes:
-    """A .txt, .html/.htm or .docx file's bytes -> the translated file's bytes, same format."""
+    """A .txt, .html/.htm, .docx or .odt file's bytes -> the translated file's bytes, same format."""
     suffix = check_file(name, data)
     if suffix == ".docx":
         return translate_docx(translator, data, splitter, name)
+    if suffix == ".odt":
+        return odt.translate_odt(translator, data, splitter, name)
     text = data.decode("utf-8").removeprefix("\ufeff")
     if suffix in (".html", ".htm"):
         return translate_markup(translator, text, "html", splitter, name).encode("utf-8")

@@ -1,5 +1,5 @@
-"""Whole documents translated on the command line: HTML and XML (`markup.py`) and .docx
-(`docfiles.py`), read whole and written whole, the output replaced only once it is complete."""
+"""Whole documents translated on the command line: HTML and XML (`markup.py`), .docx and .odt
+(`docfiles.py`, `odt.py`), read whole and written whole, the output replaced only once it is complete."""
 
 from __future__ import annotations
 
@@ -57,12 +57,12 @@ def translate_document(translator: Translator, src: str, out: str, fmt: str, spl
         atomic_write_text(Path(out), result)
 
 
-def translate_docx_file(translator: Translator, src: str, out: str, splitter: Splitter | None) -> None:
-    """Translate the .docx `src` into `out` (a file; '-' = stdout's bytes)."""
-    from seq2seq_cli.decode.docfiles import check_file, translate_docx
+def translate_office_file(translator: Translator, src: str, out: str, splitter: Splitter | None) -> None:
+    """Translate the .docx or .odt `src` into `out` (a file; '-' = stdout's bytes)."""
+    from seq2seq_cli.decode.docfiles import translate_bytes
 
     if src == "-":
-        raise UserError("-i -: a .docx is read from a file; give -i FILE.docx")
+        raise UserError("-i -: a .docx or .odt is read from a file; give -i FILE.docx or -i FILE.odt")
     path = Path(src)
     if not path.is_file():
         raise UserError(f"{src}: input file not found")
@@ -71,8 +71,7 @@ def translate_docx_file(translator: Translator, src: str, out: str, splitter: Sp
         for run_dir in protected:
             check_output(Path(out), {"input": path}, run_dir, "the translation")
     data = path.read_bytes()
-    check_file(src, data)
-    result = translate_docx(translator, data, splitter or Splitter(translator.languages[0], whole=True), src)
+    result = translate_bytes(translator, src, data, splitter or Splitter(translator.languages[0], whole=True))
     if out == "-":
         sys.stdout.buffer.write(result)
         sys.stdout.flush()

@@ -198,7 +198,11 @@ def _target_range(node: Node, unit: Unit, spans: list[list[tuple[int, int]]], se
     """The words [s, e) a node encloses in the translation (e == s: a slot before word s)."""
     assert unit.split is not None
     n, length = len(spans), max(1, len(unit.text))
-    covered = {k for k, (a, b) in enumerate(unit.split.spans()) if a < max(node.end, node.start + 1) and b > node.start}
+    sentences = unit.split.spans()
+    covered = {k for k, (a, b) in enumerate(sentences) if a < max(node.end, node.start + 1) and b > node.start}
+    if not covered and node.end <= node.start:  # an element between two sentences goes with the one after it
+        covered = {k for k, (a, _) in enumerate(sentences) if a >= node.start}
+        covered = {min(covered)} if covered else covered
     if node.end > node.start:
         hit = [w for w, ss in enumerate(spans)
                if sentence_of[w] in covered and any(a < node.end and b > node.start for a, b in ss)]

@@ -195,7 +195,7 @@ def add_file_routes(
         name = Path(name or "file").name
         try:
             suffix = check_file(name, data)
-            chars = text_chars(suffix, data)
+            chars = text_chars(suffix, data, name)
         except UserError as exc:
             raise error(400, str(exc)) from None
         if chars > max_chars:
