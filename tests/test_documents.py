@@ -462,6 +462,29 @@ def test_an_odt_is_translated_through_translate_file(client, run_dir):
     assert list(app.state.files.folder.iterdir()) == []
 
 
+def test_a_file_is_translated_on_the_decoding_thread_never_beside_a_batch(client, monkeypatch):
+    """A file's translation takes its turn in the batcher's queue and runs on its thread, so no
+    batch of /translate decodes while it does."""
+    import threading
+
+    import seq2seq_cli.serve.documents as serve_documents
+
+    c, _ = client
+    seen: list[str] = []
+    real = serve_documents.translate_bytes
+
+    def recording(*args, **kwargs):
+        seen.append(threading.current_thread().name)  # the batcher's one decoding thread decodes batches too
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serve_documents, "translate_bytes", recording)
+    text = "Y dijo Dios: Sea la luz.\nY fue la luz."
+    r = c.post("/translate_file", files={"file": ("t.txt", text.encode())}, data={"source": "es", "target": "en"})
+    assert r.status_code == 200, r.json()
+    assert seen == ["seq2seq-decoder"]
+    assert c.get(r.json()["translatedFileUrl"].removeprefix("http://testserver")).status_code == 200  # taken: none left
+
+
 def test_files_are_translated_downloaded_once_and_the_folder_emptied(client, run_dir, tmp_path):
     import io
 

@@ -61,7 +61,8 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
     app.middleware("http")(count)
     for router in routers:
         app.include_router(router)
-    documents.add_file_routes(app, translator, settings.max_chars, lambda fields, request: check_key(state, fields, request),
+    documents.add_file_routes(app, translator, state.batcher, settings.max_chars,
+                              lambda fields, request: check_key(state, fields, request),
                               lambda source, target: check_pair(state, source, target), RequestError)
     # the routers' routes (the app holds each router, not copies of its routes) and the file routes
     every = [*(route for router in routers for route in router.routes), *app.routes]

@@ -14,6 +14,9 @@ free, so a lone client's latency is its decoding time; the requests that queue w
 decoder is busy are decoded together in the round after.
 
 Decoding is CPU-bound torch work: it runs on this thread, never on the server's event loop.
+Other decoding work, a whole file's translation (`run_alone`), takes its turn in the same
+queue and runs on the same thread, so it never decodes beside a batch (two decodings side
+by side would share the CPU's threads and slow both far more than they gain).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +55,7 @@ class Job:
     prefixes: list[list[int]] | None = None  # forced target prefix of each line ([] = none)
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
+    work: Callable[[], Any] | None = None  # run alone on the decoding thread instead (`Batcher.run_alone`)
 
 
 class QueueFull(Exception):
@@ -98,7 +103,14 @@ class Batcher:
     def submit(self, lines: list[str], options: JobOptions, prefixes: list[list[int]] | None = None) -> Future:
         """Queue a request -> the future of its results (one dict per line); QueueFull when full.
         `prefixes`: the target ids each line's outputs must start with ([] = none)."""
-        job = Job(lines, options, prefixes)
+        return self._queue_job(Job(lines, options, prefixes))
+
+    def run_alone(self, work: Callable[[], Any]) -> Future:
+        """Queue `work` (a file's translation) to run on the decoding thread in its turn, alone
+        -> the future of what it returns; QueueFull when full."""
+        return self._queue_job(Job([], JobOptions(""), work=work))
+
+    def _queue_job(self, job: Job) -> Future:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the decoder is stopping")
@@ -129,12 +141,12 @@ class Batcher:
                     return None
                 self._cond.wait()
             first = self._queue[0]
-            alone = not self.batching or _sampling(first.options)
+            alone = first.work is not None or not self.batching or _sampling(first.options)
             if not alone and self._last_round > 1:  # concurrent clients: wait for companions
                 deadline = first.arrived + self.wait_s
                 while not self._stopping and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
-            group = [first] if alone else [j for j in self._queue if j.options == first.options]
+            group = [first] if alone else [j for j in self._queue if j.options == first.options and j.work is None]
             for job in group:
                 self._queue.remove(job)
             group = [j for j in group if j.future.set_running_or_notify_cancel()]  # timed out while queued: dropped
@@ -144,7 +156,9 @@ class Batcher:
     def _run(self) -> None:
         while (group := self._take()) is not None:
             try:
-                if group:
+                if group and group[0].work is not None:
+                    _run_work(group[0])
+                elif group:
                     self._decode(group)
             finally:
                 with self._cond:
@@ -184,6 +198,18 @@ class Batcher:
         for job in group:
             job.future.set_result(results[start : start + len(job.lines)])
             start += len(job.lines)
+
+
+def _run_work(job: Job) -> None:
+    assert job.work is not None
+    try:
+        result = job.work()
+    except Exception as exc:  # the request gets the error; the worker goes on
+        if not isinstance(exc, UserError):
+            log.exception("decoding failed")
+        job.future.set_exception(exc)
+        return
+    job.future.set_result(result)
 
 
 def _sampling(options: JobOptions) -> bool:

@@ -15,7 +15,6 @@ import mimetypes
 import re
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 import weakref
@@ -33,7 +32,7 @@ from seq2seq_cli.decode.markup import MarkupDocument, aligned
 from seq2seq_cli.decode.sentences import Splitter, plan
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.serve.batcher import JobOptions
+from seq2seq_cli.serve.batcher import Batcher, JobOptions, QueueFull
 
 Options = Callable[..., JobOptions]  # the batcher's `options`
 Decode = Callable[[list[str], bool], Awaitable[list[dict[str, Any]]]]  # lines, with alignment -> results
@@ -152,21 +151,26 @@ def multipart_fields(content_type: str, body: bytes) -> dict[str, Any]:
 
 
 def add_file_routes(
-    app: Any, translator: Translator, max_chars: int, check_key: Callable[[dict[str, Any], Any], None],
+    app: Any, translator: Translator, batcher: Batcher, max_chars: int, check_key: Callable[[dict[str, Any], Any], None],
     check_pair: Callable[[Any, Any], None], error: Callable[[int, str], Exception],
 ) -> FileStore:
     """LibreTranslate's POST /translate_file (multipart: file, source, target, api_key ->
-    {"translatedFileUrl"}) and GET /download_file/NAME on `app`. `check_key(fields, request)`
-    and `check_pair(source, target)` are the app's checks; `error(status, message)` makes the
-    error to raise."""
+    {"translatedFileUrl"}) and GET /download_file/NAME on `app`. A file is translated on the
+    batcher's decoding thread in its turn (`Batcher.run_alone`), never beside a batch.
+    `check_key(fields, request)` and `check_pair(source, target)` are the app's checks;
+    `error(status, message)` makes the error to raise."""
     store = FileStore()
     app.state.files = store
-    lock = threading.Lock()  # one file translated at a time, beside the batcher's requests
     splitter = Splitter(translator.languages[0])
 
-    def translate(name: str, data: bytes) -> bytes:
-        with lock:
-            return translate_bytes(translator, name, data, splitter)
+    async def translate(name: str, data: bytes) -> bytes:
+        try:
+            future = batcher.run_alone(lambda: translate_bytes(translator, name, data, splitter))
+        except QueueFull as exc:
+            raise error(503, f"server busy: {exc.limit} requests are queued, the limit; retry later") from None
+        except RuntimeError:
+            raise error(503, "server is shutting down") from None
+        return await asyncio.wrap_future(future)
 
     @app.post("/translate_file")
     async def translate_file(request: Request) -> JSONResponse:
@@ -201,7 +205,7 @@ def add_file_routes(
         if chars > max_chars:
             raise error(413, f"file too large: {chars} characters of text, the limit is {max_chars}")
         try:
-            translated = await asyncio.to_thread(translate, name, data)
+            translated = await translate(name, data)
         except UserError as exc:
             raise error(400, str(exc)) from None
         stored = store.put(name, translated)
