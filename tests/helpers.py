@@ -21,14 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "data" / "bible-es-en"
 
 
-def train_shipped_tiny(tmp: Path, name: str = "run", **train_overrides) -> Path:
+def train_shipped_tiny(tmp: Path, name: str = "run", model: dict | None = None, **train_overrides) -> Path:
     """configs/tiny.yaml trained on the shipped validation split (as training and validation
-    data) in tmp/NAME, 40 updates unless `train_overrides` say otherwise -> the run directory."""
+    data) in tmp/NAME, 40 updates unless `train_overrides` say otherwise, `model` overriding
+    model settings -> the run directory."""
     from seq2seq_cli.train.loop import train
 
     raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
     raw["run_dir"] = str(tmp / name)
     raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
+    raw["model"].update(model or {})
     raw["train"].update({"max_steps": 40, **train_overrides})
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")

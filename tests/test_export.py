@@ -8,30 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
-from helpers import sequence_log_prob
+from helpers import sequence_log_prob, train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
 from seq2seq_cli.decode.translate import Translator
-from seq2seq_cli.train.loop import train
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
+
+SMALL = {"d_model": 64, "heads": 4, "ffn_size": 128, "encoder_layers": 2, "decoder_layers": 2}
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("export")
-    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp / "run")
-    raw["data"]["train"] = raw["data"]["valid"] = str(SHIPPED / "valid")
-    raw["model"].update(d_model=64, heads=4, ffn_size=128, encoder_layers=2, decoder_layers=2)
-    raw["train"].update(max_steps=150, lr=0.005, warmup_steps=30)
-    path = tmp / "c.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return train(load_config(path), progress=False, log=lambda _: None)
+    """A small model trained enough (150 updates) to give sentences of words."""
+    return train_shipped_tiny(tmp_path_factory.mktemp("export"), model=SMALL, max_steps=150, lr=0.005, warmup_steps=30)
 
 
 def test_ctranslate2_beam_output_equals_ours(run_dir, tmp_path):
