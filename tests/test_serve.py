@@ -177,6 +177,7 @@ def test_the_ctranslate2_engine_serves_what_translate_writes(run_dir, tmp_path):
         assert status == 200 and body["results"][0]["translation"].startswith("And God")
     finally:
         s.stop()
+    assert "(es -> en, searched by CTranslate2) on http://" in s.log.read_text()
 
 
 def test_alternatives_are_the_nbest_of_translate(server, run_dir, tmp_path):

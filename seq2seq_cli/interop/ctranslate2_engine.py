@@ -46,7 +46,7 @@ class CTranslate2Engine:
     tgt_ids: dict[str, int]  # target piece -> id
     banned: set[str]  # pieces our search never produces: padding, the decoder start token
     cap: int  # the longest output any sentence may get (the model's positions)
-    name: str = field(default="ctranslate2")
+    name: str = field(default="CTranslate2")
 
     def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
         if opts.sampling:

@@ -77,7 +77,8 @@ def serve(model: Path, device: str, decode: dict[str, object], host: str, port: 
     server = _Server(config)
     bound = sock.getsockname()
     src, tgt = translator.languages
-    print(f"serving {model} ({src} -> {tgt}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
+    engine = "" if translator.engine is None else f", searched by {translator.engine.name}"
+    print(f"serving {model} ({src} -> {tgt}{engine}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
           file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     print("stopped", file=sys.stderr, flush=True)
