@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -58,7 +58,7 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
     app.add_exception_handler(RequestError, request_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, internal_error)
-    app.middleware("http")(count)
+    app.add_middleware(Counting)
     for router in routers:
         app.include_router(router)
     documents.add_file_routes(app, translator, state.batcher, settings.max_chars,
@@ -86,15 +86,32 @@ async def internal_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
 
-async def count(request: Request, call_next: Any) -> Response:
-    """Count each request under its route's path (one label for paths without a route) and
-    each response under its status."""
-    state = app_state(request)
-    state.requests[path_label(request)] += 1
-    try:
-        response = await call_next(request)
-    except Exception:
-        state.responses[500] += 1
-        raise
-    state.responses[response.status_code] += 1
-    return response
+class Counting:
+    """ASGI middleware counting each request under its route's path (one label for paths
+    without a route) and each response under its status. Plain ASGI: an `http` middleware
+    function (Starlette's BaseHTTPMiddleware) adds a task and a stream to every request; a
+    one-word request took 6.6 ms with it, 5.9 ms without (bench/README.md)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        state = app_state(request)
+        state.requests[path_label(request)] += 1
+        status_code = [500]
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status_code[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            state.responses[500] += 1
+            raise
+        state.responses[status_code[0]] += 1
