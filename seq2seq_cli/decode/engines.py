@@ -4,21 +4,18 @@ A `Translator` decodes with its own searches (`seq2seq_cli/decode/search.py`) un
 engine is attached to it (`Translator.engine`): then the sentences the engine can decode
 with the request's options go to it, and the rest (forced prefixes, constraints, sampling,
 options it lacks, outputs that reach their limit) to the searches, so every option works
-whichever engine is attached. The engine decodes the same weights with the same settings:
-beam size, n-best, length penalty, output limits, bans. The CTranslate2 engine lives with
+whichever engine is attached. The engine decodes the same weights with the same settings,
+and a sentence gets the output our search would give it. The CTranslate2 engine lives with
 the CTranslate2 converter (`seq2seq_cli/interop/ctranslate2_engine.py`); the command line
 attaches it.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.search import Hypothesis
-
-ENGINES = ("torch", "ctranslate2")
 
 
 class SearchEngine(Protocol):
@@ -33,9 +30,3 @@ class SearchEngine(Protocol):
         """Source ids (each ending in EOS, as `Translator.encode` gives them) -> for each
         sentence its `nbest` hypotheses, best first, or None for a sentence left to the
         searches (its output reached its limit, where engines differ)."""
-
-
-def output_limit(source_len: int, opts: DecodeConfig, cap: int) -> int:
-    """The output limit of a sentence of `source_len` ids (EOS counted), computed on the host
-    as `search.max_lengths` does on the device: floor(a * len + b), between 0 and `cap`."""
-    return int(math.floor(min(max(opts.max_len_a * float(source_len) + float(opts.max_len_b), 0.0), float(cap))))

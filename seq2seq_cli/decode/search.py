@@ -85,11 +85,15 @@ def max_source_subwords(model: Decoder) -> int:
 
 def max_lengths(src: Tensor, model: Decoder, a: float, b: int) -> Tensor:
     """src: (B, S) -> (B,) output length limits a*|x|+b (|x| counting EOS), capped by the
-    model's positions (the longest source `max_source_subwords` allows). The one place
-    output limits are computed: in float64 and capped before they become integers, so no
-    setting overflows."""
-    src_len = (src != PAD).sum(dim=1).double()
-    limit = (a * src_len + float(b)).clamp(min=0, max=max_source_subwords(model)).floor()
+    model's positions (the longest source `max_source_subwords` allows)."""
+    return output_limits((src != PAD).sum(dim=1), max_source_subwords(model), a, b)
+
+
+def output_limits(src_len: Tensor, cap: int, a: float, b: int) -> Tensor:
+    """src_len: (B,) source lengths, EOS counted -> (B,) output length limits a*|x|+b, at most
+    `cap`. The one place output limits are computed: in float64 and capped before they become
+    integers, so no setting overflows."""
+    limit = (a * src_len.double() + float(b)).clamp(min=0, max=cap).floor()
     return limit.long()
 
 

@@ -226,12 +226,13 @@ class Translator:
         def decode(batch: list[int]) -> None:
             held = [i for i in batch if constraints and constraints[i]]
             rows = [i for i in batch if not (constraints and constraints[i])]
-            if rows and engine:
+            if rows and engine:  # the engine takes the lines without a prefix; our search what it leaves
                 taken = [i for i in rows if not (prefixes and prefixes[i])]
-                for i, hyps in zip(taken, engine.search([ids[i] for i in taken], d, nbest) if taken else []):
-                    if hyps is not None:
-                        out[i] = hyps
-                        rows.remove(i)
+                by_engine = dict(zip(taken, engine.search([ids[i] for i in taken], d, nbest) if taken else []))
+                for i, engine_hyps in by_engine.items():
+                    if engine_hyps is not None:
+                        out[i] = engine_hyps
+                rows = [i for i in rows if by_engine.get(i) is None]
             if rows:
                 src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
                 lines_of = [first_line + i for i in rows]

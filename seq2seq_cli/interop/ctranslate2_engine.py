@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.engines import output_limit
-from seq2seq_cli.decode.search import Hypothesis, length_penalty, max_source_subwords
+from seq2seq_cli.decode.search import Hypothesis, length_penalty, max_source_subwords, output_limits
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_dtype
 from seq2seq_cli.errors import UserError
@@ -62,7 +61,7 @@ class CTranslate2Engine:
         return None
 
     def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
-        limits = [output_limit(len(s), opts, self.cap) for s in ids]
+        limits = output_limits(torch.tensor([len(s) for s in ids]), self.cap, opts.max_len_a, opts.max_len_b).tolist()
         pieces = [[self.src_pieces[i] for i in s[:-1]] for s in ids]  # CTranslate2 adds the EOS itself
         # An output of `limit` tokens then EOS is one of max_decoding_length = limit + 1 tokens,
         # EOS counted; one that reaches its limit is left to our search, which forces EOS there.
