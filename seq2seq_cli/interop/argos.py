@@ -32,7 +32,7 @@ from pathlib import Path
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write
-from seq2seq_cli.interop.export import check_quantization, convert_ctranslate2
+from seq2seq_cli.interop.export import check_quantization, convert_ctranslate2, run_vocabularies
 from seq2seq_cli.languages import language_name
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run.checkpoint import resolve_checkpoint
@@ -157,8 +157,7 @@ def export_argos(model_path: str | Path, out: Path, quantization: str | None = N
                         "languages, and this run's source and target tokenizers differ (tokenizer.joint: false)")
     from_code, to_code = run.config.data.src_lang, run.config.data.tgt_lang
     name = package_name(from_code, to_code)
-    src_vocab = [run.src_sp.id_to_piece(i) for i in range(run.src_sp.get_piece_size())]
-    tgt_vocab = [run.tgt_sp.id_to_piece(i) for i in range(run.tgt_sp.get_piece_size())]
+    src_vocab, tgt_vocab = run_vocabularies(run)
     with tempfile.TemporaryDirectory(prefix="seq2seq-argos-") as stage:
         root = Path(stage) / name
         root.mkdir()

@@ -30,7 +30,7 @@ from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_dtype
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.interop.export import convert_ctranslate2
+from seq2seq_cli.interop.export import convert_ctranslate2, run_vocabularies
 from seq2seq_cli.run.loaded import load_run
 
 COMPUTE_TYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -113,8 +113,7 @@ def with_ctranslate2(translator: Translator, model_path: str | Path, threads: in
         raise UserError(f"--engine ctranslate2: CTranslate2 on {device} computes in {', '.join(supported)}, "
                         f"not {compute}; choose --precision or --quantize accordingly")
     run = load_run(model_path, "cpu")
-    src_vocab = [run.src_sp.id_to_piece(i) for i in range(run.src_sp.get_piece_size())]
-    tgt_vocab = [run.tgt_sp.id_to_piece(i) for i in range(run.tgt_sp.get_piece_size())]
+    src_vocab, tgt_vocab = run_vocabularies(run)
     with tempfile.TemporaryDirectory(prefix="seq2seq-ct2-") as tmp:
         folder = convert_ctranslate2(run.model, src_vocab, tgt_vocab, Path(tmp) / "model")
         ct = ctranslate2.Translator(str(folder), device=device, device_index=translator.device.index or 0,

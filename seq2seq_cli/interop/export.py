@@ -18,7 +18,7 @@ from seq2seq_cli.errors import UserError
 from seq2seq_cli.interop.output import check_output_dir, replacing_output
 from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 from seq2seq_cli.run.checkpoint import resolve_checkpoint
-from seq2seq_cli.run.loaded import load_run
+from seq2seq_cli.run.loaded import LoadedRun, load_run
 
 
 def _linear(spec, layer) -> None:
@@ -123,12 +123,16 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     run_dir, ckpt = resolve_checkpoint(model_path)
     check_output_dir(output_dir, force, [ckpt, run_dir], "exported")
     run = load_run(model_path, "cpu")
-    model, src_sp, tgt_sp = run.model, run.src_sp, run.tgt_sp
-    src_vocab = [src_sp.id_to_piece(i) for i in range(src_sp.get_piece_size())]
-    tgt_vocab = [tgt_sp.id_to_piece(i) for i in range(tgt_sp.get_piece_size())]
+    src_vocab, tgt_vocab = run_vocabularies(run)
     with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete
-        convert_ctranslate2(model, src_vocab, tgt_vocab, out, quantization)
+        convert_ctranslate2(run.model, src_vocab, tgt_vocab, out, quantization)
     return output_dir
+
+
+def run_vocabularies(run: LoadedRun) -> tuple[list[str], list[str]]:
+    """The run's source and target pieces in id order: the vocabularies of its CTranslate2 model."""
+    src, tgt = run.src_sp, run.tgt_sp
+    return [src.id_to_piece(i) for i in range(src.get_piece_size())], [tgt.id_to_piece(i) for i in range(tgt.get_piece_size())]
 
 
 def convert_ctranslate2(
