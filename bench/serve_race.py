@@ -45,6 +45,7 @@ ORT_DISABLE_TELEMETRY = 1 (onnxruntime, which argostranslate imports, otherwise 
 from __future__ import annotations
 
 import argparse
+import shlex
 import http.client
 import json
 import os
@@ -240,6 +241,8 @@ def main() -> None:
     ap.add_argument("--lt-settings", action="store_true",
                     help="our servers search with argostranslate's fixed settings (length penalty 0.2, outputs of up to "
                          "256 tokens, EOS counted) instead of the run's, so that both answer alike")
+    ap.add_argument("--ours-flags", default="",
+                    help="more flags for our servers' `seq2seq serve` command line, e.g. \"--shortlist\"")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
@@ -272,6 +275,7 @@ def main() -> None:
         flags = {"unbatched": ["--no-batching"], "ours-ct2": ["--engine", "ctranslate2"]}.get(system, [])
         if args.lt_settings:
             flags += ["--length-penalty", "0.2", "--max-len-a", "0", "--max-len-b", "255"]
+        flags += shlex.split(args.ours_flags)
         return [sys.executable, "-m", "seq2seq_cli", "serve", "--model", str(args.run), "--device", "cpu", "--port", str(port),
                 "--beam-size", str(args.beam), "--max-queue", "1024", "--timeout", "600", *flags], env
 

@@ -6,6 +6,7 @@
     RUN/vocab.json, target_vocab.json   and the vocabularies (piece -> id)
     RUN/checkpoints/NAME.safetensors  weights; NAME.state.pt training state; NAME.json manifest;
                                      NAME is last, best or step-00001000 (managed by training)
+    RUN/shortlist.tsv                the lexical shortlist of the training data (`decode.shortlist`)
     RUN/metrics.jsonl                one JSON record per line
     RUN/tensorboard/                 TensorBoard events
     RUN/plots/curves.png             the learning curves
@@ -25,6 +26,7 @@ CONFIG = "config.yaml"
 LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
+SHORTLIST = "shortlist.tsv"
 TENSORBOARD = "tensorboard"
 PLOTS = "plots"
 CURVES = "curves.png"
@@ -42,7 +44,7 @@ WEIGHTS, STATE, MANIFEST = ".safetensors", ".state.pt", ".json"
 LAST, BEST = "last", "best"
 STEP = re.compile(r"step-\d+")
 
-OUTPUTS = (CHECKPOINTS, METRICS, TENSORBOARD, PLOTS)
+OUTPUTS = (CHECKPOINTS, METRICS, TENSORBOARD, PLOTS, SHORTLIST)
 """What one training run writes (removed by --overwrite); the tokenizer, the cache and the config stay."""
 SUBDIRS = (CACHE, CHECKPOINTS, PLOTS, TENSORBOARD)
 """The directories a run writes into besides its top level."""
@@ -92,6 +94,10 @@ class RunLayout:
     @property
     def metrics(self) -> Path:
         return self.root / METRICS
+
+    @property
+    def shortlist(self) -> Path:
+        return self.root / SHORTLIST
 
     @property
     def tensorboard(self) -> Path:

@@ -74,6 +74,7 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.packed = _reorder(weight.detach())  # opaque (out, in)
+        self.weight = weight.detach()  # the plain weight, shared (a shortlist's rows are taken from it)
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -88,6 +89,7 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         w = weight.detach().float()
+        self.weight = weight.detach()  # the plain weight, shared (a shortlist's rows are taken from it)
         self.scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (out,)
         self.weight_t = torch.round(w / self.scale[:, None]).to(torch.int8).t().contiguous()  # (in, out)
         self.bias = None if bias is None else bias.detach().float()

@@ -154,6 +154,10 @@ def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
         return model.average([next_log_probs(m, last, s) for m, s in zip(model.models, state.states)])
     assert isinstance(state, DecoderState)
     h, _ = model.decode(last, state, incremental=True)
+    if state.vocab is not None:  # a shortlist: the softmax over its ids, the others -inf
+        listed = model.shortlist_logits(h[:, -1], state).float()  # (N, C)
+        lprobs = listed.new_full((listed.size(0), model.tgt_embed.tokens.num_embeddings), NEG_INF)  # (N, V)
+        return lprobs.index_copy_(1, state.vocab, torch.log_softmax(listed, dim=-1))
     logits = model.logits(h[:, -1]).float()  # (N, V)
     # In place on CPU: a fresh (N, V) tensor each step costs more in page faults than the op.
     return torch.log_softmax(logits, dim=-1, out=logits) if logits.is_cpu else torch.log_softmax(logits, dim=-1)
@@ -165,7 +169,10 @@ def start_state(model: Decoder, src: Tensor, rows: int, room: int) -> State:
     if isinstance(model, Ensemble):
         return EnsembleState([_as_one(start_state(m, src, rows, room)) for m in model.models])
     memory, src_mask, _ = model.encode(src)
-    return _decoder_state(model, memory, src_mask, rows, room)
+    state = _decoder_state(model, memory, src_mask, rows, room)
+    if model.candidates is not None:
+        model.limit_vocabulary(state, model.candidates(src).to(src.device))
+    return state
 
 
 def _as_one(state: State) -> DecoderState:

@@ -14,6 +14,7 @@ search itself stays on the fast path.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,6 +31,7 @@ from tqdm import tqdm
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
+from seq2seq_cli.data.shortlist import Shortlist, read
 from seq2seq_cli.data.tokenizer import tag_id
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
 from seq2seq_cli.decode.engines import SearchEngine
@@ -45,7 +47,7 @@ from seq2seq_cli.decode.threads import one_thread, spread
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, UNK
-from seq2seq_cli.layout import CONFIG
+from seq2seq_cli.layout import CONFIG, RunLayout
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 from seq2seq_cli.run.loaded import load_run
 
@@ -91,6 +93,8 @@ class Translator:
     tag_ids: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
     tags: tuple[str, ...] | None = None  # the corpus tags the run was trained with; None: any (an imported vocabulary)
     engine: SearchEngine | None = None  # another engine searching where it can (`seq2seq_cli/decode/engines.py`)
+    listed: Decoder | None = None  # with decode.shortlist: the model scoring only its shortlist (lines with no prefix)
+    shortlist_file: Path | None = None  # ... and the file it was read from
 
     @classmethod
     def load(
@@ -127,7 +131,15 @@ class Translator:
         model: Decoder = models[0] if len(models) == 1 else Ensemble(models)
         others = tuple(r.run_dir for r in runs[1:])
         tags = None if run.config.tokenizer.vocabulary == "file" else tuple(run.config.data.tags)
-        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags)
+        listed, listed_from = None, None
+        if decode.shortlist:
+            if len(models) > 1:
+                raise UserError("--shortlist decodes one model; an ensemble decodes with the whole vocabulary "
+                                "(--full-vocabulary)")
+            listed_from = RunLayout(run.run_dir).shortlist
+            listed = shortlisted(models[0], read_shortlist(listed_from, run.src_sp, run.tgt_sp))
+        return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags,
+                   listed=listed, shortlist_file=listed_from)
 
     @property
     def attention_model(self) -> Seq2SeqTransformer:
@@ -236,10 +248,10 @@ class Translator:
             if rows:
                 src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
                 lines_of = [first_line + i for i in rows]
-                if prefixes:
+                if prefixes:  # a prefix's tokens may be off the shortlist: the whole vocabulary
                     found = search(self.model, src, d, nbest, lines_of, [prefixes[i] for i in rows])
                 else:
-                    found = search(self.model, src, d, nbest, lines=lines_of)
+                    found = search(self.listed or self.model, src, d, nbest, lines=lines_of)
                 for i, hyps in zip(rows, found):
                     out[i] = hyps
             if held:
@@ -439,6 +451,27 @@ class Translator:
                 raise UserError(f"{input_name}:{first + i + 1}: the constraints of this line have {sum(map(len, p))} "
                                 f"target tokens, more than the model's {limit} output positions")
         return phrases
+
+
+def shortlisted(model: Seq2SeqTransformer, shortlist: Shortlist) -> Seq2SeqTransformer:
+    """A copy of `model` (sharing everything) whose searches score only the target ids
+    `shortlist` gives each batch's source ids (`Seq2SeqTransformer.candidates`)."""
+    listed = copy.copy(model)
+    listed.candidates = shortlist.candidates
+    return listed
+
+
+def read_shortlist(path: Path, src_sp: SentencePieceProcessor, tgt_sp: SentencePieceProcessor) -> Shortlist:
+    """The run's shortlist file; a UserError where there is none."""
+    if not path.is_file():
+        raise UserError(f"{path}: the run has no shortlist (seq2seq train writes it from the training data when it "
+                        "starts); decode without --shortlist")
+    return read(path, pieces(src_sp), pieces(tgt_sp))
+
+
+def pieces(sp: SentencePieceProcessor) -> dict[str, int]:
+    """A tokenizer's piece -> id."""
+    return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
 
 
 def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:

@@ -9,7 +9,8 @@ with the batch's longest limit; an output that reaches its own sentence's limit,
 a token our search bans (padding, the decoder start token), is decoded again by our
 search. So are sentences with a forced prefix or constraints, and sampling, the gnmt
 length penalty, n-gram bans, ban_unk and n-best lists, which CTranslate2 does otherwise
-(`CTranslate2Engine.why_not`). Compute type: float32, or int8 with `--quantize int8`; on
+(`CTranslate2Engine.why_not`). With `--shortlist` the run's shortlist is CTranslate2's
+vocabulary map (`use_vmap`). Compute type: float32, or int8 with `--quantize int8`; on
 CUDA, float16 or bfloat16 as `--precision` says.
 
 Threads: CTranslate2 takes the CPU threads, torch keeps one (`claim_threads`).
@@ -17,6 +18,7 @@ Threads: CTranslate2 takes the CPU threads, torch keeps one (`claim_threads`).
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_dtype
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.interop.export import convert_ctranslate2, run_vocabularies
+from seq2seq_cli.interop.export import VMAP, convert_ctranslate2, run_vocabularies
 from seq2seq_cli.run.loaded import load_run
 
 COMPUTE_TYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -46,6 +48,7 @@ class CTranslate2Engine:
     banned: set[str]  # pieces our search never produces: padding, the decoder start token
     cap: int  # the longest output any sentence may get (the model's positions)
     name: str = field(default="CTranslate2")
+    use_vmap: bool = False  # decode.shortlist: the run's shortlist, loaded as the model's vocabulary map
 
     def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
         if opts.sampling:
@@ -68,6 +71,7 @@ class CTranslate2Engine:
         results = self.translator.translate_batch(
             pieces, beam_size=opts.beam_size, num_hypotheses=nbest, length_penalty=opts.length_penalty,
             max_decoding_length=max(limits) + 1, min_decoding_length=opts.min_len, return_scores=True, max_input_length=0,
+            use_vmap=self.use_vmap,
         )
         return [self._hypotheses(r, limit, opts, nbest) for r, limit in zip(results, limits)]
 
@@ -116,10 +120,12 @@ def with_ctranslate2(translator: Translator, model_path: str | Path, threads: in
     src_vocab, tgt_vocab = run_vocabularies(run)
     with tempfile.TemporaryDirectory(prefix="seq2seq-ct2-") as tmp:
         folder = convert_ctranslate2(run.model, src_vocab, tgt_vocab, Path(tmp) / "model")
+        if translator.shortlist_file is not None:  # CTranslate2's vocabulary map is the shortlist's format
+            shutil.copyfile(translator.shortlist_file, folder / VMAP)
         ct = ctranslate2.Translator(str(folder), device=device, device_index=translator.device.index or 0,
                                     compute_type=compute, intra_threads=threads, inter_threads=1)
     torch.set_num_threads(1)  # CTranslate2 set the process's OpenMP thread count to its own (`claim_threads`)
     banned = {tgt_vocab[PAD], tgt_vocab[run.config.model.decoder_start_id]}
     engine = CTranslate2Engine(ct, src_vocab, {p: i for i, p in enumerate(tgt_vocab)}, banned,
-                               max_source_subwords(translator.model))
+                               max_source_subwords(translator.model), use_vmap=translator.shortlist_file is not None)
     return translator.with_engine(engine)

@@ -7,18 +7,24 @@ projection and a fixed logits bias where the model has one), with the run's piec
 vocabulary in id order.
 The exported model expects SentencePiece pieces as input tokens; CTranslate2 appends the
 end-of-sentence token itself and starts decoding from the model's start token (`<s>`, or
-`<pad>` for a model imported from Marian), as our search does.
+`<pad>` for a model imported from Marian), as our search does. A run's shortlist
+(RUN/shortlist.tsv) goes with it as `vmap.txt`, CTranslate2's vocabulary map
+(`translate_batch(..., use_vmap=True)`).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.interop.output import check_output_dir, replacing_output
+from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 from seq2seq_cli.run.checkpoint import resolve_checkpoint
 from seq2seq_cli.run.loaded import LoadedRun, load_run
+
+VMAP = "vmap.txt"  # CTranslate2's vocabulary map in a model directory
 
 
 def _linear(spec, layer) -> None:
@@ -124,8 +130,11 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     check_output_dir(output_dir, force, [ckpt, run_dir], "exported")
     run = load_run(model_path, "cpu")
     src_vocab, tgt_vocab = run_vocabularies(run)
+    shortlist = RunLayout(run.run_dir).shortlist
     with replacing_output(output_dir) as out:  # the old directory stays until the new one is complete
         convert_ctranslate2(run.model, src_vocab, tgt_vocab, out, quantization)
+        if shortlist.is_file():  # the run's shortlist, as the vocabulary map `use_vmap=True` reads
+            shutil.copyfile(shortlist, out / VMAP)
     return output_dir
 
 

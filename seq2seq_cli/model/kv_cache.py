@@ -100,6 +100,9 @@ class DecoderState:
     src_mask: Tensor  # (B, 1, 1, S)
     length: int = 0  # target positions already decoded
     group: int = 1  # decoder rows per source sentence
+    vocab: Tensor | None = None  # (C,) the target ids this batch may produce (a shortlist); None = all
+    vocab_weight: Tensor | None = None  # (C, D) their rows of the output layer
+    vocab_bias: Tensor | None = None  # (C,) their logits bias, where the model has one
 
     def preallocate(self, rows: int, positions: int, heads: int, k_size: int, v_size: int) -> None:
         """Allocate each layer's self-attention cache once for up to `rows` decoder rows and

@@ -290,6 +290,9 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, tgt_vocab, bias=False)
         # A fixed (not trained) bias on the logits, as Marian's final_logits_bias; zero unless loaded.
+        # Decoding copies only (`decode.shortlist`): source ids (B, S) -> the target ids (C,) a
+        # search of them scores (`limit_vocabulary`); None: the whole vocabulary.
+        self.candidates: Callable[[Tensor], Tensor] | None = None
         self.logits_bias: Tensor | None
         if cfg.logits_bias:
             self.register_buffer("logits_bias", torch.zeros(tgt_vocab))
@@ -349,6 +352,20 @@ class Seq2SeqTransformer(nn.Module):
         """h: (..., D) -> (..., V)."""
         logits = F.linear(h, self.tgt_embed.tokens.weight) if self.output is None else self.output(h)
         return logits if self.logits_bias is None else logits + self.logits_bias
+
+    def limit_vocabulary(self, state: DecoderState, vocab: Tensor) -> None:
+        """Let `state`'s steps score only the target ids `vocab` (C,) (`shortlist_logits`)."""
+        tied = self.cfg.tie_embeddings
+        # a decoding copy's output layer keeps its plain weight beside its packed one
+        weight = self.tgt_embed.tokens.weight if tied else cast(Tensor, self.output.weight)  # type: ignore[union-attr]
+        state.vocab = vocab
+        state.vocab_weight = weight.index_select(0, vocab)  # (C, D)
+        state.vocab_bias = None if self.logits_bias is None else self.logits_bias.index_select(0, vocab)
+
+    def shortlist_logits(self, h: Tensor, state: DecoderState) -> Tensor:
+        """h: (N, D) -> (N, C): the logits of the target ids `state.vocab` only."""
+        assert state.vocab_weight is not None
+        return F.linear(h, state.vocab_weight, state.vocab_bias)
 
     def decode(
         self, tgt_in: Tensor, state: DecoderState, incremental: bool = False, need_weights: bool = False

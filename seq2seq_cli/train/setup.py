@@ -15,6 +15,7 @@ import json
 import random
 import shutil
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from seq2seq_cli.config import (
     save_config,
     validate_config,
 )
+from seq2seq_cli.data import shortlist
 from seq2seq_cli.data.corpora import encode_corpora
 from seq2seq_cli.data.encoding import (
     Drop,
@@ -166,6 +168,22 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     if procs.main:
         distributed.from_main(procs, (train_caches, valid_data.cache_path if valid_data else None))
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
+
+
+def write_shortlist(data: TrainData, path: Path, log: Callable[[str], None]) -> None:
+    """The lexical shortlist of the training pairs (`seq2seq_cli/data/shortlist.py`), written to `path`."""
+    start = time.perf_counter()
+    table = data.train.table
+    columns = [table.column(name).combine_chunks() for name in ("src_ids", "tgt_ids")]
+    flat = [(c.offsets.to_numpy(), c.values.to_numpy()) for c in columns]
+    pairs = ((flat[0][1][flat[0][0][i]:flat[0][0][i + 1]], flat[1][1][flat[1][0][i]:flat[1][0][i + 1]])
+             for i in range(len(table)))
+    src_size, tgt_size = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
+    listed = shortlist.build(pairs, src_size, tgt_size)
+    shortlist.write(listed, path, [data.src_sp.id_to_piece(i) for i in range(src_size)],
+                    [data.tgt_sp.id_to_piece(i) for i in range(tgt_size)])
+    log(f"shortlist: {path} ({listed.targets.numel() / max(1, int((listed.offsets.diff() > 0).sum())):.0f} "
+        f"target subwords per source subword, {listed.always.numel()} always; {time.perf_counter() - start:.1f} s)")
 
 
 def describe_skipped(valid: str, skipped: int, max_positions: int) -> str:
@@ -335,6 +353,8 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     if resume:
         check_resume_tokenizer(config)
     data = prepare_data(config, procs, log)
+    if procs.main and not RunLayout(config.run_path).shortlist.is_file():
+        write_shortlist(data, RunLayout(config.run_path).shortlist, log)
 
     vocab_sizes = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
     check_fits(config.model, *vocab_sizes, config.tokenizer.joint, device)
