@@ -45,10 +45,10 @@ ORT_DISABLE_TELEMETRY = 1 (onnxruntime, which argostranslate imports, otherwise 
 from __future__ import annotations
 
 import argparse
-import shlex
 import http.client
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
