@@ -242,7 +242,7 @@ def main() -> None:
                     help="our servers search with argostranslate's fixed settings (length penalty 0.2, outputs of up to "
                          "256 tokens, EOS counted) instead of the run's, so that both answer alike")
     ap.add_argument("--ours-flags", default="",
-                    help="more flags for our servers' `seq2seq serve` command line, e.g. \"--shortlist\"")
+                    help="more flags for our servers' `seq2seq serve` command line, e.g. --ours-flags=--shortlist")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 

@@ -163,9 +163,9 @@ class RunLayout:
         return [self.root / name for name in SUBDIRS]
 
     def owned_files(self) -> list[Path]:
-        """The files at the top of the run that the run owns: its config, lock, metrics and every
-        tokenizer or vocabulary file a run may hold."""
-        return [self.config, self.lock, self.metrics, self.root / JOINT_SPM, *self.spm_models(False),
+        """The files at the top of the run that the run owns: its config, lock, metrics, shortlist and
+        every tokenizer or vocabulary file a run may hold."""
+        return [self.config, self.lock, self.metrics, self.shortlist, self.root / JOINT_SPM, *self.spm_models(False),
                 *self.vocab_spm(), *self.vocab_files(False)]
 
     def owner_of(self, path: Path) -> Path | None:

@@ -99,6 +99,7 @@ class _NoCache:
 
     def __init__(self, model):
         self.m, self.cfg = model, model.cfg
+        self.candidates = None  # no shortlist
 
     def encode(self, src):
         return self.m.encode(src)

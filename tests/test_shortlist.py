@@ -5,13 +5,14 @@ CTranslate2 with the run's shortlist as its vocabulary map answers as our search
 run without one is refused in one line."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import SHIPPED, random_sources, tiny_model
+from conftest import REPO, SHIPPED, random_sources, tiny_model
 from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
@@ -162,19 +163,40 @@ def test_translate_with_shortlist_and_a_prefix_off_it(run_dir, tmp_path):
     assert hyps[0][0].tokens[0] == off
 
 
-def test_a_run_without_a_shortlist_is_refused_in_one_line(run_dir, tmp_path):
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    for item in run_dir.iterdir():
+# The rows of docs/errors.md, section "Shortlists": {case: the run's shortlist.tsv (None: none)}
+SHORTLIST_CASES = {"shortlist-missing": None, "shortlist-ensemble": "keep",
+                   "shortlist-no-tab": "\t</s>\n▁the ▁of\n", "shortlist-unknown-target": "\t</s>\n▁de\t▁of zzz\n",
+                   "shortlist-unknown-source": "\t</s>\nzzz\t▁of\n"}
+
+
+def documented_shortlist_errors() -> dict[str, str]:
+    """{case: the message of its row} in docs/errors.md, section "Shortlists"."""
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    section = text.split("## Shortlists", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| ([a-z0-9-]+) \| .* \| 1 \| `(error: [^`]+)` \|$", section, flags=re.MULTILINE))
+
+
+def test_shortlist_errors_are_documented():
+    assert set(documented_shortlist_errors()) == set(SHORTLIST_CASES)
+
+
+@pytest.mark.parametrize("case", sorted(SHORTLIST_CASES))
+def test_shortlist_errors_are_one_line(run_dir, tmp_path, case):
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    for item in run_dir.iterdir():  # the run, its shortlist replaced
         if item.name != "shortlist.tsv":
-            (bare / item.name).symlink_to(item)
-    src = tmp_path / "in.es"
-    src.write_text("Hola.\n", encoding="utf-8")
-    result = CliRunner().invoke(app, ["translate", "-m", str(bare), "-i", str(src), "--shortlist"])
-    assert result.exit_code != 0
-    assert result.output.strip().splitlines()[-1] == (
-        f"error: {bare / 'shortlist.tsv'}: the run has no shortlist (seq2seq train writes it from the training data "
-        "when it starts); decode without --shortlist")
+            (run / item.name).symlink_to(item)
+    content = SHORTLIST_CASES[case]
+    if content == "keep":
+        (run / "shortlist.tsv").symlink_to(run_dir / "shortlist.tsv")
+    elif content is not None:
+        (run / "shortlist.tsv").write_text(content, encoding="utf-8")
+    models = ["-m", str(run)] * (2 if case == "shortlist-ensemble" else 1)
+    r = CliRunner().invoke(app, ["translate", *models, "-i", "-", "--shortlist"], input="Hola.\n")
+    assert r.exit_code == 1
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+    assert r.output.strip().replace(str(run), "runs/x") == documented_shortlist_errors()[case]
 
 
 def test_ctranslate2_with_the_shortlist_answers_as_our_search(run_dir):
