@@ -180,6 +180,19 @@ def test_the_ctranslate2_engine_serves_what_translate_writes(run_dir, tmp_path):
     assert "(es -> en, searched by CTranslate2) on http://" in s.log.read_text()
 
 
+def test_serve_with_the_shortlist_answers_as_translate_with_it(run_dir, tmp_path):
+    """`serve --shortlist`: the LibreTranslate client gets `translate --shortlist`'s lines."""
+    assert (run_dir / "shortlist.tsv").is_file()  # written by train
+    s = Server(run_dir, tmp_path, "--shortlist", "--beam-size", "3")
+    try:
+        lines = SENTENCES[:6]
+        got = [LibreTranslateAPI(s.url).translate(line, "es", "en") for line in lines]
+        assert got == translate_cli(run_dir, tmp_path, lines, "--beam-size", "3", "--shortlist")
+    finally:
+        s.stop()
+    assert "(es -> en, shortlist) on http://" in s.log.read_text()
+
+
 def test_alternatives_are_the_nbest_of_translate(server, run_dir, tmp_path):
     line = SENTENCES[3]
     status, _, body = server.post("/translate", {"q": line, "source": "es", "target": "en", "alternatives": 2, "api_key": KEY})

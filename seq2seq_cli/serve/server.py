@@ -78,6 +78,7 @@ def serve(model: Path, device: str, decode: dict[str, object], host: str, port: 
     bound = sock.getsockname()
     src, tgt = translator.languages
     engine = "" if translator.engine is None else f", searched by {translator.engine.name}"
+    engine += "" if translator.listed is None else ", shortlist"
     print(f"serving {model} ({src} -> {tgt}{engine}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
           file=sys.stderr, flush=True)
     server.run(sockets=[sock])
