@@ -93,6 +93,32 @@ def test_the_engine_answers_as_our_search(run_dir, settings):
         assert all(len(h[0].tokens) >= 4 for h in got)
 
 
+def test_several_sentences_are_split_among_one_thread_workers_and_a_lone_one_is_not(run_dir):
+    """With 2 threads the engine decodes a batch as 2 batches side by side (one thread each)
+    and a lone sentence on both threads; the answers are still our search's."""
+    ours = Translator.load(run_dir, "cpu", {"beam_size": 4})
+    with_engine = with_ctranslate2(ours, run_dir, threads=2)
+    engine = with_engine.engine
+    assert engine.workers == 2 and engine.batches.num_translators == 2 and engine.translator.num_translators == 1
+    calls: list[tuple[str, int, int]] = []
+
+    class Recording:
+        def __init__(self, inner, name) -> None:
+            self.inner, self.name = inner, name
+
+        def translate_batch(self, source, **kwargs):
+            calls.append((self.name, len(source), kwargs["max_batch_size"]))
+            return self.inner.translate_batch(source, **kwargs)
+
+    engine.translator, engine.batches = Recording(engine.translator, "lone"), Recording(engine.batches, "several")
+    assert_same(ours.translate_hypotheses(LINES), with_engine.translate_hypotheses(LINES), ours, LINES)
+    assert {name for name, _, _ in calls} == {"several"} and sum(n for _, n, _ in calls) == len(LINES)
+    assert all(split == (n + 1) // 2 for _, n, split in calls)  # each batch cut in two
+    calls.clear()
+    assert with_engine.translate(LINES[:1]) == ours.translate(LINES[:1])
+    assert calls == [("lone", 1, 0)]
+
+
 def test_outputs_that_reach_their_limit_are_left_to_our_search(run_dir):
     settings = {"beam_size": 4, "max_len_a": 0.0, "max_len_b": 3}
     ours, with_engine, counting = pair(run_dir, settings)

@@ -17,11 +17,11 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.fileio import first_surrogate
 from seq2seq_cli.serve.state import AppState
 
-# The decoding options a request may set; batch_tokens, precision and quantize belong to the
-# server (the model is loaded with them) and are set on the `serve` command line; requests
-# carry no constraints, so constraint_beam_size is not theirs either.
+# The decoding options a request may set; batch_tokens, precision, quantize and shortlist belong
+# to the server (the model is loaded with them) and are set on the `serve` command line;
+# requests carry no constraints, so constraint_beam_size is not theirs either.
 REQUEST_DECODE_KEYS = [k for k in DecodeConfig.model_fields
-                       if k not in ("batch_tokens", "precision", "quantize", "constraint_beam_size")]
+                       if k not in ("batch_tokens", "precision", "quantize", "shortlist", "constraint_beam_size")]
 V1_KEYS = ["q", "source", "target", "api_key", "nbest", "alignment", "attention", "prefix"]
 MAX_DEPTH = 32  # JSON objects and lists inside each other; a request needs 2 (an object holding q's list)
 
