@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -210,3 +211,11 @@ def headless_chromium():
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+def documented_errors(section: str) -> dict[str, str]:
+    """{case: the message of its row} in docs/errors.md, the section whose title starts with
+    `section` (rows: | case | example | 1 | `error: ...` |)."""
+    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    part = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| ([a-z0-9-]+) \| .* \| 1 \| `(error: [^`]+)` \|$", part, flags=re.MULTILINE))

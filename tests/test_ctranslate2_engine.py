@@ -11,8 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED
-from helpers import sequence_log_prob, train_shipped_tiny
+from conftest import SHIPPED
+from helpers import documented_errors, sequence_log_prob, train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 
@@ -194,17 +194,8 @@ ENGINE_CASES = {"engine-unknown": ["--engine", "onnx"], "engine-ensemble": ["--e
                 "engine-missing": ["--engine", "ctranslate2"]}
 
 
-def documented_engine_errors() -> dict[str, str]:
-    """{case: the message of its row} in docs/errors.md, section "Engines"."""
-    import re
-
-    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
-    section = text.split("## Engines", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"^\| ([a-z0-9-]+) \| .* \| 1 \| `(error: [^`]+)` \|$", section, flags=re.MULTILINE))
-
-
 def test_engine_errors_are_documented():
-    assert set(documented_engine_errors()) == set(ENGINE_CASES)
+    assert set(documented_errors("Engines")) == set(ENGINE_CASES)
 
 
 @pytest.mark.parametrize("case", sorted(ENGINE_CASES))
@@ -215,4 +206,4 @@ def test_engine_errors_are_one_line(run_dir, case, monkeypatch):
     r = CliRunner().invoke(app, ["translate", *models, "-i", "-", *ENGINE_CASES[case]], input="Hola.\n")
     assert r.exit_code == 1
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
-    assert r.output.strip() == documented_engine_errors()[case]
+    assert r.output.strip() == documented_errors("Engines")[case]

@@ -5,15 +5,14 @@ CTranslate2 with the run's shortlist as its vocabulary map answers as our search
 run without one is refused in one line."""
 
 import math
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED, random_sources, tiny_model
-from helpers import train_shipped_tiny
+from conftest import SHIPPED, random_sources, tiny_model
+from helpers import documented_errors, train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data import shortlist as sl
@@ -169,15 +168,8 @@ SHORTLIST_CASES = {"shortlist-missing": None, "shortlist-ensemble": "keep",
                    "shortlist-unknown-source": "\t</s>\nzzz\t▁of\n"}
 
 
-def documented_shortlist_errors() -> dict[str, str]:
-    """{case: the message of its row} in docs/errors.md, section "Shortlists"."""
-    text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
-    section = text.split("## Shortlists", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"^\| ([a-z0-9-]+) \| .* \| 1 \| `(error: [^`]+)` \|$", section, flags=re.MULTILINE))
-
-
 def test_shortlist_errors_are_documented():
-    assert set(documented_shortlist_errors()) == set(SHORTLIST_CASES)
+    assert set(documented_errors("Shortlists")) == set(SHORTLIST_CASES)
 
 
 @pytest.mark.parametrize("case", sorted(SHORTLIST_CASES))
@@ -196,7 +188,7 @@ def test_shortlist_errors_are_one_line(run_dir, tmp_path, case):
     r = CliRunner().invoke(app, ["translate", *models, "-i", "-", "--shortlist"], input="Hola.\n")
     assert r.exit_code == 1
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
-    assert r.output.strip().replace(str(run), "runs/x") == documented_shortlist_errors()[case]
+    assert r.output.strip().replace(str(run), "runs/x") == documented_errors("Shortlists")[case]
 
 
 def test_ctranslate2_with_the_shortlist_answers_as_our_search(run_dir):
