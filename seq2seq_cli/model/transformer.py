@@ -289,10 +289,10 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, tgt_vocab, bias=False)
-        # A fixed (not trained) bias on the logits, as Marian's final_logits_bias; zero unless loaded.
         # Decoding copies only (`decode.shortlist`): source ids (B, S) -> the target ids (C,) a
         # search of them scores (`limit_vocabulary`); None: the whole vocabulary.
         self.candidates: Callable[[Tensor], Tensor] | None = None
+        # A fixed (not trained) bias on the logits, as Marian's final_logits_bias; zero unless loaded.
         self.logits_bias: Tensor | None
         if cfg.logits_bias:
             self.register_buffer("logits_bias", torch.zeros(tgt_vocab))
