@@ -80,7 +80,9 @@ def test_batches_hold_every_pair_once_within_the_token_budget(lens, max_tokens, 
 class EchoTokenizer:
     """Characters as ids (a stand-in for SentencePiece), so a translation can name its input."""
 
-    def encode(self, lines: list[str]) -> list[list[int]]:
+    def encode(self, lines: list[str] | str) -> list[list[int]] | list[int]:
+        if isinstance(lines, str):  # one line, as SentencePiece takes it
+            return [4 + ord(c) % 1000 for c in lines]
         return [[4 + ord(c) % 1000 for c in line] for line in lines]
 
     def decode(self, ids: list[int]) -> str:

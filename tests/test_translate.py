@@ -130,7 +130,8 @@ class Recorder:
 
 
 class CountingEncoder:
-    """A SentencePiece processor that records the number of lines of each encode call."""
+    """A SentencePiece processor that records each encode call: the number of lines of a list,
+    or the line itself."""
 
     def __init__(self, sp):
         self.sp, self.calls = sp, []
@@ -139,16 +140,23 @@ class CountingEncoder:
         return getattr(self.sp, name)
 
     def encode(self, lines, **kwargs):
-        self.calls.append(len(lines))
+        self.calls.append(lines if isinstance(lines, str) else len(lines))
         return self.sp.encode(lines, **kwargs)
 
 
-def test_each_chunk_is_encoded_once(run_dir, sentences):
+def test_each_chunk_is_encoded_once(run_dir, sentences, monkeypatch):
+    import seq2seq_cli.decode.translate as translate_module
+
     tr = Translator.load(run_dir, "cpu", {"beam_size": 1})
     tr.src_sp = counting = CountingEncoder(tr.src_sp)
+    monkeypatch.setattr(translate_module, "FEW_LINES", 2)  # chunks of 2 lines or more: one call each
     rows = list(tr.translate_stream(sentences[:10], OutputOptions(), chunk_lines=4))
     assert len(rows) == 10
     assert counting.calls == [4, 4, 2]  # one call per chunk, each chunk once
+    # fewer lines than FEW_LINES: one call per line (SentencePiece starts a pool of threads per list)
+    counting.calls.clear()
+    list(tr.translate_stream(sentences[:10], OutputOptions(), chunk_lines=1))
+    assert counting.calls == sentences[:10]
 
 
 def test_progress_advances_per_decoded_batch(run_dir, sentences):
