@@ -165,11 +165,10 @@ def read(path: Path, src_ids: dict[str, int], tgt_ids: dict[str, int]) -> Shortl
             per_source.setdefault(src_ids[key], []).extend(targets)
         else:
             raise UserError(f"{path}, line {n}: {key!r} is not in the run's source vocabulary")
-    size = max(src_ids.values(), default=-1) + 1
-    counts = torch.zeros(size, dtype=torch.int64)
+    counts = [0] * (max(src_ids.values(), default=-1) + 1)
     flat: list[int] = []
     for s in sorted(per_source):
         counts[s] = len(per_source[s])
         flat += per_source[s]
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0)])
     return Shortlist(offsets, torch.tensor(flat, dtype=torch.int64), torch.tensor(always, dtype=torch.int64).unique())

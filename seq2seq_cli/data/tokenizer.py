@@ -144,6 +144,12 @@ def make_tokenizer(config: Config) -> list[Path]:
     return [src_model, tgt_model]
 
 
+def all_pieces(sp: Any) -> list[str]:
+    """Every piece of the tokenizer `sp` (a SentencePiece processor, or a vocabulary-file
+    tokenizer), in id order."""
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
 def tag_id(sp: Any, tag: str, where: str) -> int:
     """The id of `tag`, which must be one piece of the tokenizer `sp` (a SentencePiece
     processor, or a vocabulary-file tokenizer) -> UserError naming `where` otherwise."""

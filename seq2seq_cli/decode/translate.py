@@ -32,7 +32,7 @@ from tqdm import tqdm
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import pad_batch, token_batches
 from seq2seq_cli.data.shortlist import Shortlist, read
-from seq2seq_cli.data.tokenizer import tag_id
+from seq2seq_cli.data.tokenizer import all_pieces, tag_id
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
 from seq2seq_cli.decode.engines import SearchEngine
 from seq2seq_cli.decode.ensemble import Ensemble, check_member
@@ -97,7 +97,6 @@ class Translator:
     tags: tuple[str, ...] | None = None  # the corpus tags the run was trained with; None: any (an imported vocabulary)
     engine: SearchEngine | None = None  # another engine searching where it can (`seq2seq_cli/decode/engines.py`)
     listed: Decoder | None = None  # with decode.shortlist: the model scoring only its shortlist (lines with no prefix)
-    shortlist_file: Path | None = None  # ... and the file it was read from
 
     @classmethod
     def load(
@@ -134,15 +133,19 @@ class Translator:
         model: Decoder = models[0] if len(models) == 1 else Ensemble(models)
         others = tuple(r.run_dir for r in runs[1:])
         tags = None if run.config.tokenizer.vocabulary == "file" else tuple(run.config.data.tags)
-        listed, listed_from = None, None
+        listed = None
         if decode.shortlist:
             if len(models) > 1:
                 raise UserError("--shortlist decodes one model; an ensemble decodes with the whole vocabulary "
                                 "(--full-vocabulary)")
-            listed_from = RunLayout(run.run_dir).shortlist
-            listed = shortlisted(models[0], read_shortlist(listed_from, run.src_sp, run.tgt_sp))
+            listed = shortlisted(models[0], read_shortlist(RunLayout(run.run_dir).shortlist, run.src_sp, run.tgt_sp))
         return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags,
-                   listed=listed, shortlist_file=listed_from)
+                   listed=listed)
+
+    @property
+    def shortlist_file(self) -> Path | None:
+        """The file `listed`'s shortlist was read from (None: no shortlist)."""
+        return None if self.listed is None or self.run_dir is None else RunLayout(self.run_dir).shortlist
 
     @property
     def attention_model(self) -> Seq2SeqTransformer:
@@ -299,7 +302,7 @@ class Translator:
         """(V,) the target tokens that begin a word or hold no letter or digit (see
         `constrained_beam_search`), computed once."""
         if self._word_start is None:
-            pieces = [self.tgt_sp.id_to_piece(i) for i in range(self.tgt_sp.get_piece_size())]
+            pieces = all_pieces(self.tgt_sp)
             starts = [p.startswith("\u2581") or not any(c.isalnum() for c in p) or (p.startswith("<") and p.endswith(">"))
                       for p in pieces]  # special pieces (<pad>, </s>, ...) count as word starts
             vocab = self.attention_model.tgt_embed.tokens.num_embeddings
@@ -475,12 +478,7 @@ def read_shortlist(path: Path, src_sp: SentencePieceProcessor, tgt_sp: SentenceP
     if not path.is_file():
         raise UserError(f"{path}: the run has no shortlist (seq2seq train writes it from the training data when it "
                         "starts); decode without --shortlist")
-    return read(path, pieces(src_sp), pieces(tgt_sp))
-
-
-def pieces(sp: SentencePieceProcessor) -> dict[str, int]:
-    """A tokenizer's piece -> id."""
-    return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    return read(path, {p: i for i, p in enumerate(all_pieces(src_sp))}, {p: i for i, p in enumerate(all_pieces(tgt_sp))})
 
 
 def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from seq2seq_cli.data.tokenizer import all_pieces
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.interop.output import check_output_dir, replacing_output
 from seq2seq_cli.layout import RunLayout
@@ -140,8 +141,7 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
 
 def run_vocabularies(run: LoadedRun) -> tuple[list[str], list[str]]:
     """The run's source and target pieces in id order: the vocabularies of its CTranslate2 model."""
-    src, tgt = run.src_sp, run.tgt_sp
-    return [src.id_to_piece(i) for i in range(src.get_piece_size())], [tgt.id_to_piece(i) for i in range(tgt.get_piece_size())]
+    return all_pieces(run.src_sp), all_pieces(run.tgt_sp)
 
 
 def convert_ctranslate2(

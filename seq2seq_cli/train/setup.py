@@ -47,6 +47,7 @@ from seq2seq_cli.data.encoding import (
 from seq2seq_cli.data.formats import corpus_sources, read_split, split_source
 from seq2seq_cli.data.tokenizer import (
     TOKENIZER_SHA256,
+    all_pieces,
     check_fingerprint,
     id_files,
     load_tokenizers,
@@ -178,10 +179,9 @@ def write_shortlist(data: TrainData, path: Path, log: Callable[[str], None]) -> 
     flat = [(c.offsets.to_numpy(), c.values.to_numpy()) for c in columns]
     pairs = ((flat[0][1][flat[0][0][i]:flat[0][0][i + 1]], flat[1][1][flat[1][0][i]:flat[1][0][i + 1]])
              for i in range(len(table)))
-    src_size, tgt_size = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
-    listed = shortlist.build(pairs, src_size, tgt_size)
-    shortlist.write(listed, path, [data.src_sp.id_to_piece(i) for i in range(src_size)],
-                    [data.tgt_sp.id_to_piece(i) for i in range(tgt_size)])
+    src_pieces, tgt_pieces = all_pieces(data.src_sp), all_pieces(data.tgt_sp)
+    listed = shortlist.build(pairs, len(src_pieces), len(tgt_pieces))
+    shortlist.write(listed, path, src_pieces, tgt_pieces)
     log(f"shortlist: {path} ({listed.targets.numel() / max(1, int((listed.offsets.diff() > 0).sum())):.0f} "
         f"target subwords per source subword, {listed.always.numel()} always; {time.perf_counter() - start:.1f} s)")
 
@@ -353,8 +353,9 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     if resume:
         check_resume_tokenizer(config)
     data = prepare_data(config, procs, log)
-    if procs.main and not RunLayout(config.run_path).shortlist.is_file():
-        write_shortlist(data, RunLayout(config.run_path).shortlist, log)
+    listed = RunLayout(config.run_path).shortlist
+    if procs.main and not listed.is_file():
+        write_shortlist(data, listed, log)
 
     vocab_sizes = data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size()
     check_fits(config.model, *vocab_sizes, config.tokenizer.joint, device)
