@@ -81,7 +81,7 @@ def main() -> None:
     if "ct2" in args.systems and args.device == "cpu":
         import ctranslate2
 
-        from seq2seq_cli.interop.export import convert_ctranslate2
+        from seq2seq_cli.convert.export import convert_ctranslate2
 
         vocab = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, args.vocab)]
         with tempfile.TemporaryDirectory() as tmp:

@@ -35,9 +35,10 @@ from pathlib import Path
 import sacrebleu
 from lxml import etree
 
-from seq2seq_cli.decode.markup import translate_markup
-from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.documents.lines import translate_sentences
+from seq2seq_cli.documents.markup import translate_markup
+from seq2seq_cli.documents.sentences import Splitter
 
 REPO = Path(__file__).resolve().parents[1]
 TAGS = ("b", "i", "span", "a")
@@ -155,7 +156,7 @@ def main() -> None:
     lines = translator.translate(paras)
     timings["lines"] = time.perf_counter() - start
     start = time.perf_counter()
-    split = translator.translate(paras, splitter)
+    split = translate_sentences(translator.translate, paras, splitter)
     timings["split"] = time.perf_counter() - start
     start = time.perf_counter()
     verse_hyps = dict(zip(verses, translator.translate([src[i] for i in verses])))

@@ -155,7 +155,7 @@ for name in ["transformers", "huggingface_hub", "datasets", "pydantic", "typer",
         env["packages"][name] = getattr(importlib.import_module(name), "__version__", "?")
     except Exception as exc:
         env["packages"][name] = f"import failed: {exc!r}"
-import seq2seq_cli.cli, seq2seq_cli.train.loop, seq2seq_cli.decode.translate, seq2seq_cli.interop.hf  # noqa: E401,F401
+import seq2seq_cli.cli, seq2seq_cli.train.loop, seq2seq_cli.decode.translate, seq2seq_cli.convert.hf  # noqa: E401,F401
 json.dump(env, open(sys.argv[1], "w"), indent=1)
 print(json.dumps(env, indent=1))
 EOF

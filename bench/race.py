@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from seq2seq_cli.config import Config, load_config
+from seq2seq_cli.config import Config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.ids import BOS, EOS, PAD
 from seq2seq_cli.layout import RunLayout
 

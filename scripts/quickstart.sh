@@ -10,7 +10,7 @@ bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH"
 CONFIG=${CONFIG:-configs/quickstart.yaml}
 read -r -a SET <<< "${QUICKSTART_SET:-}"
-RUN=$(python -c "import sys; from seq2seq_cli.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_path)" \
+RUN=$(python -c "import sys; from seq2seq_cli.config_load import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_path)" \
   "$CONFIG" $(printf '%s\n' ${SET[@]+"${SET[@]}"} | grep -v '^--set$' || true))
 set -x
 seq2seq tokenize --config "$CONFIG" ${SET[@]+"${SET[@]}"}

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from seq2seq_cli.choices import DocumentFormat, Engine, ExportFormat
 from seq2seq_cli.errors import UserError
 
 
@@ -75,9 +76,9 @@ ModelsOpt = Annotated[list[Path], typer.Option(
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu or cuda.")]
 TagOpt = Annotated[str | None, typer.Option(
     "--tag", help="A token put in front of each source line, as a corpus tag was in training: '<bt>', '>>fr<<'.")]
-EngineOpt = Annotated[str, typer.Option(
-    "--engine", help="torch (the project's own searches) or ctranslate2 (the run converted at start and decoded by "
-    "CTranslate2 where the options allow; pip install 'seq2seq[ctranslate2]').")]
+EngineOpt = Annotated[Engine, typer.Option(
+    "--engine", help="auto (CTranslate2 where it is installed and can decode the run, else our own searches), torch "
+    "(our own searches) or ctranslate2 (the run converted at start and decoded by CTranslate2 where the options allow).")]
 SplitOpt = Annotated[bool, typer.Option(
     "--split/--no-split", help="Cut each line into sentences and join their translations with the line's spacing "
     "(not with --nbest, --scores, --alignment, --attention-plots, nor on a line with constraints or a prefix).")]
@@ -139,33 +140,12 @@ def decode_options(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def attach_engine(engine: str, model: Path | list[Path], threads: int, translator: Any) -> Any:
-    """`translator` (a decode.translate.Translator) with the engine `--engine` names attached,
-    on `threads` threads (`engine_threads`)."""
-    if engine == "torch":
-        return translator
-    from seq2seq_cli.interop.ctranslate2_engine import with_ctranslate2
+def load_translator(model: list[Path], device: str, decode: dict[str, object], tag: str | None, engine: Engine) -> Any:
+    """The Translator of `--model` (one run, or several as an ensemble), with --tag and --engine
+    (`seq2seq_cli/decode/loading.py`)."""
+    from seq2seq_cli.decode.loading import load_translator as load
 
-    return with_ctranslate2(translator, model[0] if isinstance(model, list) else model, threads)
-
-
-def engine_threads(engine: str) -> int:
-    """Checks --engine; for ctranslate2, takes the CPU threads from torch for it (before torch computes)."""
-    if engine not in ("torch", "ctranslate2"):
-        raise UserError(f"--engine {engine!r}: expected torch or ctranslate2")
-    if engine == "torch":
-        return 0
-    from seq2seq_cli.interop.ctranslate2_engine import claim_threads
-
-    return claim_threads()
-
-
-def load_translator(model: list[Path], device: str, decode: dict[str, object], tag: str | None, engine: str) -> Any:
-    """The Translator of `--model` (one run, or several as an ensemble), with --tag and --engine."""
-    from seq2seq_cli.decode.translate import Translator
-
-    threads = engine_threads(engine)
-    return attach_engine(engine, model, threads, Translator.load(model, device, decode).with_tag(tag))
+    return load(model, device, decode, tag, engine).translator
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -187,7 +167,7 @@ def user_errors(fn: Callable) -> Callable:
 
 
 def _load(config: Path, overrides: list[str] | None):
-    from seq2seq_cli.config import load_config
+    from seq2seq_cli.config_load import load_config
 
     return load_config(config, overrides or [])
 
@@ -273,19 +253,19 @@ def translate(
     prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
     tag: TagOpt = None,
     split: SplitOpt = True,
-    format: Annotated[str, typer.Option("--format", help="text (line by line), or html or xml: the input is one document, its text translated and its markup kept. An input named *.docx or *.odt is translated as a Word or OpenDocument text document.")] = "text",
-    engine: EngineOpt = "torch",
+    format: Annotated[DocumentFormat, typer.Option("--format", help="auto (by the input's name, else its content: an HTML page, an XML document; stdin is text), text (line by line), html, xml, docx or odt: a document is translated whole, its markup and formatting kept.")] = DocumentFormat.auto,
+    engine: EngineOpt = Engine.torch,
     *,
     decode: dict[str, object],
 ) -> None:
     """Translate a file or stdin; output lines match input lines one for one (N each with --nbest)."""
-    from seq2seq_cli.decode.sentences import Splitter
     from seq2seq_cli.decode.terms import Terminology
-    from seq2seq_cli.decode.textfile import translate_file
-    from seq2seq_cli.decode.translate import OutputOptions
+    from seq2seq_cli.documents.lines import OutputOptions
+    from seq2seq_cli.documents.sentences import Splitter
+    from seq2seq_cli.documents.text import translate_file
+    from seq2seq_cli.documents.translate import check_document_options, input_format, translate_document
 
-    if format not in ("text", "html", "xml"):
-        raise UserError(f"--format {format!r}: expected text, html or xml")
+    fmt = input_format(input, format)
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
     translator = load_translator(model, device, decode, tag, engine)
     layers = translator.model.cfg.decoder_layers
@@ -295,15 +275,9 @@ def translate(
         raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
     splitter = Splitter(translator.languages[0]) if split else None
     opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology, splitter)
-    office = Path(input).suffix.lower().lstrip(".") if input.lower().endswith((".docx", ".odt")) else ""  # a document by its name
-    if format != "text" or office:
-        from seq2seq_cli.decode.documents import check_document_options, translate_document, translate_office_file
-
-        check_document_options(office or format, opts, prefix)
-        if office:
-            translate_office_file(translator, input, output, splitter)
-        else:
-            translate_document(translator, input, output, format, splitter)
+    if fmt is not DocumentFormat.text:
+        check_document_options(fmt, opts, prefix)
+        translate_document(translator, input, output, fmt, splitter)
         if output != "-":
             typer.echo(f"wrote {output}", err=True)
         return
@@ -328,7 +302,7 @@ def serve(
     api_keys: Annotated[Path | None, typer.Option("--api-keys", help="File of API keys, one per line: requests must carry one (api_key field or X-API-Key header), else 403.")] = None,
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
-    engine: EngineOpt = "torch",
+    engine: EngineOpt = Engine.torch,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -343,9 +317,7 @@ def serve(
         given = ", ".join(str(m) for m in model)
         raise UserError(f"--model is given {len(model)} times ({given}); serve takes one model (API keys are given with --api-keys FILE)")
     settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching)
-    threads = engine_threads(engine)
-    run_server(model[0], device, decode, host, port, settings, api_keys, tag,
-               functools.partial(attach_engine, engine, model[0], threads))
+    run_server(model[0], device, decode, host, port, settings, api_keys, tag, engine)
 
 
 @app.command()
@@ -361,7 +333,7 @@ def evaluate(
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
     split: SplitOpt = True,
-    engine: EngineOpt = "torch",
+    engine: EngineOpt = Engine.torch,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -378,12 +350,13 @@ def evaluate(
         translator = load_translator(model, device, decode, tag, engine)
     elif tag is not None:
         raise UserError(f"--tag {tag}: goes with --model and --src (it is put in front of each source line)")
-    splitter = None
+    translate = None
     if translator is not None and split:
-        from seq2seq_cli.decode.sentences import Splitter
+        from seq2seq_cli.documents.lines import translate_sentences
+        from seq2seq_cli.documents.sentences import Splitter
 
-        splitter = Splitter(translator.languages[0])
-    scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output, splitter=splitter)
+        translate = functools.partial(translate_sentences, translator.translate, splitter=Splitter(translator.languages[0]))
+    scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output, translate=translate)
     if as_json:
         typer.echo(json.dumps(scores.as_dict()))
     else:
@@ -395,14 +368,12 @@ def evaluate(
 @user_errors
 def average(
     model: Annotated[Path, typer.Option("--model", "-m", help="Run directory whose step checkpoints are averaged.")],
-    last: Annotated[int, typer.Option("--last", "-n", help="How many of the newest intact step checkpoints to average.")] = 2,
+    last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many of the newest intact step checkpoints to average.")] = 2,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write, inside RUN/checkpoints; default RUN/checkpoints/average-last-N.safetensors.")] = None,
 ) -> None:
     """Average the weights of the last N checkpoints of a run (often a little better than the last)."""
     from seq2seq_cli.run.checkpoint import average_checkpoints
 
-    if last < 1:
-        raise UserError(f"--last: must be >= 1 (got {last})")
     typer.echo(f"wrote {average_checkpoints(model, last, output)}")
 
 
@@ -411,27 +382,25 @@ def average(
 def export(
     output: Annotated[Path, typer.Argument(help="Directory to write the exported model into (for argos, the .argosmodel file).")],
     model: ModelOpt,
-    format: Annotated[str, typer.Option("--format", help="Target format: ctranslate2, hf (a MarianMTModel directory) or argos (an Argos Translate .argosmodel package).")] = "ctranslate2",
+    format: Annotated[ExportFormat, typer.Option("--format", help="Target format: ctranslate2, hf (a MarianMTModel directory) or argos (an Argos Translate .argosmodel package).")] = ExportFormat.ctranslate2,
     quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory (or an existing .argosmodel).")] = False,
 ) -> None:
     """Export a trained model for another inference engine (CTranslate2, Argos Translate) or as a Hugging Face Marian model."""
-    from seq2seq_cli.interop.export import export_ctranslate2
+    from seq2seq_cli.convert.export import export_ctranslate2
 
-    if format == "hf":
-        from seq2seq_cli.interop.hf import export_hf
+    if format is ExportFormat.hf:
+        from seq2seq_cli.convert.hf import export_hf
 
         if quantization is not None:
             raise UserError("--quantization is for --format ctranslate2; hf exports float32 weights")
         typer.echo(f"wrote {export_hf(model, output, force)}")
         return
-    if format == "argos":
-        from seq2seq_cli.interop.argos import export_argos
+    if format is ExportFormat.argos:
+        from seq2seq_cli.convert.argos import export_argos
 
         typer.echo(f"wrote {export_argos(model, output, quantization, force)}")
         return
-    if format != "ctranslate2":
-        raise UserError(f"--format {format!r}: supported formats: ctranslate2, hf, argos")
     typer.echo(f"wrote {export_ctranslate2(model, output, quantization, force)}")
 
 
@@ -445,7 +414,7 @@ def import_(
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty run directory.")] = False,
 ) -> None:
     """Import a Hugging Face Marian (OPUS-MT) model into a run directory for translate, evaluate, export and info."""
-    from seq2seq_cli.interop.hf import import_marian
+    from seq2seq_cli.convert.hf import import_marian
 
     typer.echo(f"wrote {import_marian(source, output, src_lang, tgt_lang, force)}")
 

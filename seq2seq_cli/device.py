@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.config import DEVICE_PATTERN, DecodeConfig
 from seq2seq_cli.errors import UserError
 
 
@@ -19,6 +20,8 @@ def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -
     """A device setting (auto, cpu, cuda, cuda:N) -> the device of this process; with CUDA, GPU
     number `local_rank` (or N). `setting` names the option in errors: train.device, or --device."""
     given = f"{setting} {name}" if setting.startswith("-") else f"{setting}={name}"
+    if not re.fullmatch(DEVICE_PATTERN, name):
+        raise UserError(f"{setting} {name!r}: expected auto, cpu, cuda or cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
         use = f"{setting} auto" if setting.startswith("-") else f"{setting}=auto"
         raise UserError(f"{given} but no CUDA device is available; use {use} or cpu")

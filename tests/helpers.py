@@ -14,7 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.ids import BOS, EOS
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_impossible_lengths_are_refused(tmp_path):
 
 
 def test_resolved_config_round_trips(tmp_path):
-    from seq2seq_cli.config import dump_config
+    from seq2seq_cli.config_load import dump_config
 
     cfg = load_config(_write(tmp_path, BASE), ["model.norm=pre"])
     again = load_config(_write(tmp_path, dump_config(cfg)))

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED, assert_same, corpora_config, quiet
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.batching import collate, epoch_batches
 from seq2seq_cli.data.corpora import Part, drawn_per_corpus, epoch_rows
 from seq2seq_cli.data.encoding import EncodedCorpus

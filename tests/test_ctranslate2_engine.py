@@ -17,7 +17,7 @@ from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
-from seq2seq_cli.interop.ctranslate2_engine import with_ctranslate2  # noqa: E402
+from seq2seq_cli.decode.ctranslate2_engine import with_ctranslate2  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from helpers import assert_same, make_config, quiet
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig, load_config
+from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.batching import collate
 from seq2seq_cli.data.encoding import encoded_split
 from seq2seq_cli.data.formats import read_parallel

@@ -241,7 +241,8 @@ def test_copies_of_a_line_get_different_samples(run):
 def test_samples_do_not_depend_on_batches_chunks_or_threads(run, sentences):
     import torch
 
-    from seq2seq_cli.decode.translate import OutputOptions, Translator
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.documents.lines import OutputOptions, translate_stream
 
     lines = sentences[:6] * 2
     settings = {"sampling": True, "seed": 5, "max_len_a": 0, "max_len_b": 8}
@@ -251,13 +252,13 @@ def test_samples_do_not_depend_on_batches_chunks_or_threads(run, sentences):
         for batch_tokens, chunk_lines, n_threads in ((100000, 10000, 1), (8, 5, 1), (30, 7, 2)):
             torch.set_num_threads(n_threads)
             tr = Translator.load(run, "cpu", {**settings, "batch_tokens": batch_tokens})
-            outputs.append(list(tr.translate_stream(lines, OutputOptions(nbest=2), chunk_lines=chunk_lines)))
+            outputs.append(list(translate_stream(tr, lines, OutputOptions(nbest=2), chunk_lines=chunk_lines)))
     finally:
         torch.set_num_threads(threads)
     assert outputs[0] == outputs[1] == outputs[2]
     assert len(outputs[0]) == 24 and outputs[0][:12] != outputs[0][12:]  # the copies got samples of their own
     tr = Translator.load(run, "cpu", {**settings, "seed": 6})
-    assert list(tr.translate_stream(lines, OutputOptions(nbest=2))) != outputs[0]
+    assert list(translate_stream(tr, lines, OutputOptions(nbest=2))) != outputs[0]
 
 
 # --------------------------------------------------------------------------- stdin answered as it arrives
@@ -416,12 +417,11 @@ def test_attention_plots_onto_a_file_fails_before_decoding(run, tmp_path, monkey
 
 @pytest.mark.parametrize("from_file", [True, False])
 def test_many_attention_plots_are_warned_about(run, tmp_path, monkeypatch, from_file):
-    from seq2seq_cli.decode import textfile
-    from seq2seq_cli.decode import translate as module
+    from seq2seq_cli.documents import lines, text
 
     drawn: list[Path] = []
-    monkeypatch.setattr(textfile, "PLOT_WARNING", 3)
-    monkeypatch.setattr(module, "plot_attention", lambda weights, src, tgt, path: drawn.append(path))
+    monkeypatch.setattr(text, "PLOT_WARNING", 3)
+    monkeypatch.setattr(lines, "plot_attention", lambda weights, src, tgt, path: drawn.append(path))
     src = tmp_path / "in.es"
     src.write_text("hola\nadiós\nsí\nno\n", encoding="utf-8")
     args = ["translate", "-m", str(run), "--attention-plots", str(tmp_path / "plots"), "--no-progress"]
@@ -483,6 +483,7 @@ def test_replace_unk_puts_the_most_attended_source_piece_in_place_of_unk(run):
 def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch):
     from seq2seq_cli.decode import translate as module
     from seq2seq_cli.decode.search import Hypothesis
+    from seq2seq_cli.documents.lines import OutputOptions, translate_stream
     from seq2seq_cli.ids import UNK
 
     tr = module.Translator.load(run, "cpu", {"replace_unk": True, "beam_size": 1})
@@ -490,7 +491,7 @@ def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch
     monkeypatch.setattr(module, "search", lambda model, src, opts, nbest=1, lines=None: [[Hypothesis([the, UNK], -1.0, -1.0)]
                                                                                          for _ in range(src.size(0))])
     line = "Jerusalén grande"
-    [row] = tr.translate_stream([line], module.OutputOptions())
+    [row] = translate_stream(tr, [line], OutputOptions())
     ids = tr.encode([line])[0]
     column = int(tr.cross_attention(ids, [the, UNK], -1, None)[1, : len(ids) - 1].argmax())
     surfaces = [p.surface for p in tr.src_sp.encode(line, return_type="proto").pieces]
@@ -498,22 +499,24 @@ def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch
 
 
 def test_attention_is_computed_only_for_hypotheses_that_use_it(run, sentences, monkeypatch):
-    from seq2seq_cli.decode.translate import OutputOptions, Translator
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.documents.lines import OutputOptions, translate_stream
 
     calls: list[int] = []
     tr = Translator.load(run, "cpu", {"replace_unk": True, "ban_unk": True, "beam_size": 3})
     real = tr.cross_attention
     monkeypatch.setattr(tr, "cross_attention", lambda *a: calls.append(1) or real(*a))
-    rows = list(tr.translate_stream(sentences[:4], OutputOptions(nbest=3)))
+    rows = list(translate_stream(tr, sentences[:4], OutputOptions(nbest=3)))
     assert len(rows) == 12 and calls == []  # no <unk> in any output: no extra attention pass
-    list(tr.translate_stream(sentences[:4], OutputOptions(nbest=3, attention_plots=None, alignment=True)))
+    list(translate_stream(tr, sentences[:4], OutputOptions(nbest=3, attention_plots=None, alignment=True)))
     assert len(calls) == 12
 
 
 def test_attention_layer_and_head_choose_the_weights(run, sentences):
     import torch
 
-    from seq2seq_cli.decode.translate import OutputOptions, Translator
+    from seq2seq_cli.decode.translate import Translator
+    from seq2seq_cli.documents.lines import OutputOptions, translate_stream
 
     tr = Translator.load(run, "cpu", {"beam_size": 1})
     ids = tr.encode(sentences[:1])[0]
@@ -522,7 +525,7 @@ def test_attention_layer_and_head_choose_the_weights(run, sentences):
     assert torch.allclose(tr.cross_attention(ids, tokens, 0, None), torch.stack(heads).mean(dim=0), atol=1e-6)
     assert not torch.allclose(heads[0], heads[1])
     for h in range(tr.model.cfg.heads):
-        [row] = tr.translate_stream(sentences[:1], OutputOptions(alignment=True, attention_head=h))
+        [row] = translate_stream(tr, sentences[:1], OutputOptions(alignment=True, attention_head=h))
         pairs = [tuple(map(int, p.split("-"))) for p in row.split("\t")[1].split()]
         assert [i for i, _ in pairs] == heads[h][: len(tokens), : len(ids) - 1].argmax(dim=1).tolist()
 

@@ -72,7 +72,7 @@ def test_accumulation_under_ddp_skips_the_all_reduce_of_all_but_the_last_batch_c
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from conftest import tiny_model
-    from seq2seq_cli.config import load_config
+    from seq2seq_cli.config_load import load_config
     from seq2seq_cli.data.batching import Batch
     from seq2seq_cli.train.distributed import Processes
     from seq2seq_cli.train.loop import accumulate_gradients, wrapped_ddp

@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED, headless_chromium, train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.decode.markup import Aligned, MarkupDocument
-from seq2seq_cli.decode.sentences import Splitter, plan
-from seq2seq_cli.decode.translate import OutputOptions, Translator
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.documents.lines import OutputOptions, translate_sentences, translate_stream
+from seq2seq_cli.documents.markup import Aligned, MarkupDocument
+from seq2seq_cli.documents.sentences import Splitter, plan
 
 runner = CliRunner()
 ES = Splitter("es")
@@ -71,7 +72,7 @@ def test_no_split_gives_the_line_by_line_output(run_dir, paragraphs, tmp_path):
     assert r.exit_code == 0, r.output
     tr = Translator.load(run_dir, "cpu")
     assert r.stdout.split("\n")[:-1] == tr.translate(paragraphs)
-    assert list(tr.translate_stream(paragraphs, OutputOptions())) == tr.translate(paragraphs)
+    assert list(translate_stream(tr, paragraphs, OutputOptions())) == tr.translate(paragraphs)
 
 
 def test_split_translates_each_sentence_and_joins_them_back(run_dir, paragraphs, tmp_path):
@@ -97,7 +98,7 @@ def test_split_translates_each_sentence_and_joins_them_back(run_dir, paragraphs,
 
 def test_line_options_decode_lines_whole(run_dir, paragraphs):
     tr = Translator.load(run_dir, "cpu")
-    whole = [row.split("\t")[0] for row in tr.translate_stream(paragraphs, OutputOptions(scores=True, splitter=ES))]
+    whole = [row.split("\t")[0] for row in translate_stream(tr, paragraphs, OutputOptions(scores=True, splitter=ES))]
     assert whole == tr.translate(paragraphs)
     assert not OutputOptions(nbest=2, splitter=ES).splits() and OutputOptions(splitter=ES).splits()
 
@@ -226,7 +227,7 @@ def make_docx(path: Path | None = None) -> bytes:
 
 def fake_aligned(monkeypatch, reverse: bool = False) -> None:
     """docx translation by `identity` instead of the model, so that run placement is checked exactly."""
-    from seq2seq_cli.decode import docfiles
+    from seq2seq_cli.documents import docx as docfiles
 
     monkeypatch.setattr(docfiles, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
 
@@ -236,7 +237,7 @@ def test_docx_runs_keep_their_formatting_on_their_words(monkeypatch):
 
     import docx
 
-    from seq2seq_cli.decode.docfiles import translate_docx
+    from seq2seq_cli.documents.docx import translate_docx
 
     fake_aligned(monkeypatch)
     out = docx.Document(io.BytesIO(translate_docx(None, make_docx(), ES)))  # type: ignore[arg-type]
@@ -334,13 +335,13 @@ def odt_shape(data: bytes) -> tuple[list[str], list[str], list[str]]:
 
 
 def fake_odt_aligned(monkeypatch, reverse: bool = False) -> None:
-    from seq2seq_cli.decode import odt
+    from seq2seq_cli.documents import odt
 
     monkeypatch.setattr(odt, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
 
 
 def test_odt_spans_stay_around_their_words(monkeypatch):
-    from seq2seq_cli.decode.odt import translate_odt
+    from seq2seq_cli.documents.odt import translate_odt
 
     source = make_odt()
     fake_odt_aligned(monkeypatch)
@@ -358,7 +359,7 @@ def test_odt_spans_stay_around_their_words(monkeypatch):
 
 
 def test_an_odt_translated_by_the_model_keeps_its_structure(run_dir):
-    from seq2seq_cli.decode.docfiles import text_chars, translate_bytes
+    from seq2seq_cli.documents.docx import text_chars, translate_bytes
 
     tr = Translator.load(run_dir, "cpu", {"no_repeat_ngram_size": 1})  # the tiny run repeats one piece; this makes words
     source = make_odt()
@@ -452,7 +453,7 @@ def test_an_odt_is_translated_through_translate_file(client, run_dir):
     tags, texts, _ = odt_shape(got.content)
     assert tags == odt_shape(make_odt())[0]
     tr = Translator.load(run_dir, "cpu", {"beam_size": 2})
-    assert texts[2] == tr.translate([ODT_SOURCE[2]], ES)[0]  # the table cell: one sentence
+    assert texts[2] == translate_sentences(tr.translate, [ODT_SOURCE[2]], ES)[0]  # the table cell: one sentence
     big = OpenDocumentText()
     big.text.addElement(P(text="hola " * 700))
     buffer = io.BytesIO()
@@ -467,7 +468,7 @@ def test_a_file_is_translated_on_the_decoding_thread_never_beside_a_batch(client
     batch of /translate decodes while it does."""
     import threading
 
-    import seq2seq_cli.serve.documents as serve_documents
+    import seq2seq_cli.serve.files as serve_documents
 
     c, _ = client
     seen: list[str] = []
@@ -507,7 +508,7 @@ def test_files_are_translated_downloaded_once_and_the_folder_emptied(client, run
     r = c.post("/translate_file", files={"file": ("t.txt", text.encode())}, data={"source": "es", "target": "en"})
     got = c.get(r.json()["translatedFileUrl"].removeprefix("http://testserver")).text
     tr = Translator.load(run_dir, "cpu", {"beam_size": 2})
-    assert got.split("\n") == tr.translate(text.split("\n"), ES)
+    assert got.split("\n") == translate_sentences(tr.translate, text.split("\n"), ES)
     r = c.post("/translate_file", files={"file": ("big.txt", b"hola " * 700)}, data={"source": "es", "target": "en"})
     assert r.status_code == 413 and r.json()["error"] == "file too large: 3500 characters of text, the limit is 3000"
     r = c.post("/translate_file", files={"file": ("t.txt", b"hola")}, data={"source": "fr", "target": "en"})

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
@@ -475,7 +475,7 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
                             ["-o", "x.txt: --output writes the translations of --src; with --hyp", "nothing to translate"], 1),
     "attention-plots-file": (lambda ws: ["translate", "-m", ws / "run", "--attention-plots", ws / "in.txt"],
                              ["in.txt: --attention-plots names a directory to write one PNG per sentence into"], 1),
-    "flag-device": (lambda ws: ["translate", "-m", ws / "run", "--device", "tpu"], ["--device 'tpu': expected auto, cpu or cuda"], 1),
+    "flag-device": (lambda ws: ["translate", "-m", ws / "run", "--device", "tpu"], ["--device 'tpu': expected auto, cpu, cuda or cuda:N"], 1),
     "flag-decode-choice": (lambda ws: ["translate", "-m", ws / "run", "--length-penalty-type", "bogus"],
                            ["--length-penalty-type 'bogus': Input should be 'average' or 'gnmt'"], 1),
     "flag-decode-range": (lambda ws: ["translate", "-m", ws / "run", "--top-p", "2"],
@@ -670,8 +670,8 @@ def test_every_case_is_documented():
 
 def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch):
     """Interrupted after the first chunk's lines went to the output: the old file stays whole."""
-    import seq2seq_cli.decode.textfile as textfile_module
     import seq2seq_cli.decode.translate as translate_module
+    import seq2seq_cli.documents.text as textfile_module
 
     out = ws / "keep.txt"
     out.write_text("earlier results\n", encoding="utf-8")

@@ -70,9 +70,9 @@ def test_ctranslate2_export_keeps_the_activation_and_the_logits_bias(activation,
     (as a Marian import does) decodes in CTranslate2 as in ours."""
     from conftest import random_sources, tiny_model
     from seq2seq_cli.config import DecodeConfig
+    from seq2seq_cli.convert.export import convert_ctranslate2
     from seq2seq_cli.decode.search import greedy_search
     from seq2seq_cli.ids import EOS, PAD
-    from seq2seq_cli.interop.export import convert_ctranslate2
 
     model = tiny_model(vocab=23, activation=activation, logits_bias=True)
     with torch.no_grad():  # weights large enough for the activation and the bias to decide the outputs
@@ -125,7 +125,7 @@ def test_export_force_onto_a_run_in_use_is_refused_and_keeps_it(run_dir, tmp_pat
 
 def test_an_interrupted_export_leaves_the_old_directory(run_dir, tmp_path, monkeypatch):
     from helpers import snapshot
-    from seq2seq_cli.interop import export
+    from seq2seq_cli.convert import export
 
     out = tmp_path / "ct2"
     r = CliRunner().invoke(app, ["export", "--model", str(run_dir), str(out)])
@@ -160,8 +160,8 @@ def test_ctranslate2_export_keeps_the_embedding_scale(scale_embedding, tmp_path)
     """model.scale_embedding false (token embeddings not multiplied by sqrt(d_model)) is kept:
     CTranslate2 gives each target token the log-probability ours gives it."""
     from conftest import random_sources, tiny_model
+    from seq2seq_cli.convert.export import convert_ctranslate2
     from seq2seq_cli.ids import BOS, EOS, PAD
-    from seq2seq_cli.interop.export import convert_ctranslate2
 
     model = tiny_model(vocab=23, scale_embedding=scale_embedding)
     with torch.no_grad():  # token embeddings of the size of the positional table's, so their scale matters
@@ -352,7 +352,7 @@ def test_argos_export_replaces_a_package_only_when_complete(run_dir, tmp_path, m
     leaves the old package as it was, and no temporary file beside it."""
     import zipfile
 
-    import seq2seq_cli.interop.argos as argos
+    import seq2seq_cli.convert.argos as argos
 
     out = tmp_path / "es_en.argosmodel"
     out.write_bytes(b"old package")
@@ -380,7 +380,7 @@ def test_argos_export_needs_one_sentencepiece_model(run_dir, tmp_path, monkeypat
     and target models is refused, and nothing is written."""
     import dataclasses
 
-    import seq2seq_cli.interop.argos as argos
+    import seq2seq_cli.convert.argos as argos
 
     real = argos.load_run
     out = tmp_path / "x.argosmodel"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED, assert_same, make_config, train_records, weights
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.batching import collate
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.errors import UserError

@@ -17,11 +17,11 @@ from conftest import REPO, SHIPPED, tiny_model
 from helpers import held_lock, snapshot
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.convert.hf import export_hf, import_marian
 from seq2seq_cli.data.tokenizer import load_tokenizers
 from seq2seq_cli.decode.search import beam_search, greedy_search
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD
-from seq2seq_cli.interop.hf import export_hf, import_marian
 from seq2seq_cli.run.loaded import load_run
 
 transformers = pytest.importorskip("transformers")
@@ -131,7 +131,7 @@ def test_imported_model_gives_transformers_logits_and_outputs(imported):
     {}, {"activation": "swish", "bias": False}, {"tie_embeddings": False, "activation": "gelu", "scale_embedding": False},
 ], ids=["default", "swish-no-bias", "untied-gelu"])
 def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, overrides):
-    from seq2seq_cli.config import validate_config
+    from seq2seq_cli.config_load import validate_config
     from seq2seq_cli.run.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
@@ -158,7 +158,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, override
 
 
 def test_export_hf_refuses_an_architecture_marian_lacks(tmp_path):
-    from seq2seq_cli.config import validate_config
+    from seq2seq_cli.config_load import validate_config
     from seq2seq_cli.run.checkpoint import save_checkpoint
 
     model = tiny_model(positions="learned", norm="pre")
@@ -259,7 +259,7 @@ def test_bad_config_json_is_one_line_naming_the_key(tmp_path, marian_src, case):
 
 
 def test_export_refusal_is_one_line(tmp_path):
-    from seq2seq_cli.config import validate_config
+    from seq2seq_cli.config_load import validate_config
     from seq2seq_cli.run.checkpoint import save_checkpoint
 
     model = tiny_model(positions="learned")

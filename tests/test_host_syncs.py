@@ -15,7 +15,8 @@ import torch
 
 from conftest import random_sources, tiny_model
 from helpers import HostSyncs, make_config
-from seq2seq_cli.config import DecodeConfig, load_config
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.decode import search
 from seq2seq_cli.train import loop
 

@@ -14,10 +14,10 @@ PACKAGE = "seq2seq_cli"
 # the wings before it in this list, never one after it. The modules at the top of the package
 # are the bottom layer, except cli (and __main__, which runs it): the top.
 BOTTOM, TOP = "bottom", "cli"
-LAYERS = [BOTTOM, "model", "data", "run", "decode", "interop", "train", "serve", TOP]
+LAYERS = [BOTTOM, "model", "data", "run", "convert", "decode", "documents", "train", "serve", TOP]
 # serve sits above the others in LAYERS, but knows nothing of training or export, and only the
 # command line starts it (test_serve_is_imported_by_cli_only).
-SERVE_MAY_NOT_IMPORT = ("train", "interop")
+SERVE_MAY_NOT_IMPORT = ("train", "convert")
 
 
 def package_modules() -> dict[str, Path]:
@@ -134,13 +134,13 @@ def test_the_import_graph_is_read():
     assert "data.formats" in graph["data.tokenizer"]  # lazy, inside a function
     assert {"run.checkpoint", "run.runlock", "train.distributed"} <= graph["train.setup"]  # from seq2seq_cli.run import ...
     assert "run.__init__" not in graph["train.setup"]
-    assert {"decode.translate", "interop.hf", "train.loop"} <= graph["cli"]
+    assert {"decode.loading", "convert.hf", "train.loop"} <= graph["cli"]
     assert "cli" in graph["__main__"]
     assert {"config", "__init__", "model.__init__"} <= set(graph)  # bottom modules, and a wing's __init__
-    # every module of every wing is in the graph the cycle and layer tests walk, interop/ included
+    # every module of every wing is in the graph the cycle and layer tests walk, convert/ included
     assert set(graph) == {".".join(p.relative_to(REPO / PACKAGE).with_suffix("").parts)
                           for p in (REPO / PACKAGE).rglob("*.py")}
-    assert {"interop.hf", "interop.export", "interop.__init__"} <= set(graph)
+    assert {"convert.hf", "convert.export", "convert.__init__"} <= set(graph)
 
 
 def test_no_import_cycles_among_package_modules():
@@ -176,3 +176,40 @@ def test_serve_is_imported_by_cli_only():
     wrong = sorted(f"{m} -> {t}" for m, imported in graph.items() if wing(m) == "serve"
                    for t in imported if wing(t) in SERVE_MAY_NOT_IMPORT)
     assert not wrong, "serve imports training or export code:\n" + "\n".join(wrong)
+
+
+def private_imports(files: dict[str, Path]) -> list[str]:
+    """Every `from seq2seq_cli.X import _name` of a module of another module's private name."""
+    found = []
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                found += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_a_private_import_is_reported(tmp_path):
+    (tmp_path / "a.py").write_text("from seq2seq_cli.documents.markup import _Builder, Node\n", encoding="utf-8")
+    (tmp_path / "b.py").write_text("from seq2seq_cli.documents.markup import Node\nfrom x import _y\n", encoding="utf-8")
+    assert private_imports({"a": tmp_path / "a.py", "b": tmp_path / "b.py"}) == [
+        "a: from seq2seq_cli.documents.markup import _Builder"]
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = private_imports(package_modules())
+    assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {name: n for name, path in package_modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {long}"
+
+
+def test_no_module_of_decode_is_about_a_file_format():
+    formats = ("markup", "odt", "docx", "docfiles", "sentences", "textfile", "documents", "html")
+    assert not [m for m in package_modules() if m.startswith("decode.") and m.split(".")[1] in formats]

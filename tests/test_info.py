@@ -13,7 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import ModelConfig, load_config
+from seq2seq_cli.config import ModelConfig
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.model.info import MemoryEstimate, flop_estimate, parameter_table
 from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
 from seq2seq_cli.run.checkpoint import save_weights

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from helpers import assert_same, make_config, quiet
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import loop as train_module
 

@@ -23,7 +23,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import REPO, SHIPPED, make_config, quiet
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.encoding import BUILDING
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.run.tokenizing import train_tokenizer

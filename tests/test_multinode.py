@@ -121,7 +121,7 @@ def test_each_node_reading_its_own_copy_of_the_corpus_uses_the_encoding_rank_0_c
         assert agent.returncode == 0, agent.stderr[-3000:]
     main = next(i for i, a in enumerate(agents) if "2 processes (cpu)" in a.stderr)  # rank 0 logs
 
-    from seq2seq_cli.config import load_config
+    from seq2seq_cli.config_load import load_config
     from seq2seq_cli.train.loop import train
 
     lines: list[str] = []

@@ -232,7 +232,7 @@ def test_write_errors_name_the_output_not_its_temporary_file(tmp_path):
 
 
 def test_train_gives_the_lock_back_when_it_returns_or_fails(trained, tmp_path):
-    from seq2seq_cli.config import load_config
+    from seq2seq_cli.config_load import load_config
     from seq2seq_cli.errors import UserError
     from seq2seq_cli.train.loop import train
 

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED, headless_chromium
 from seq2seq_cli.cli import app as cli_app
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 from libretranslatepy import LibreTranslateAPI  # noqa: E402

@@ -193,7 +193,7 @@ def test_shortlist_errors_are_one_line(run_dir, tmp_path, case):
 
 def test_ctranslate2_with_the_shortlist_answers_as_our_search(run_dir):
     pytest.importorskip("ctranslate2")
-    from seq2seq_cli.interop.ctranslate2_engine import with_ctranslate2
+    from seq2seq_cli.decode.ctranslate2_engine import with_ctranslate2
 
     threads = torch.get_num_threads()
     try:
@@ -219,7 +219,7 @@ def test_ctranslate2_with_the_shortlist_answers_as_our_search(run_dir):
 
 def test_export_ships_the_shortlist_as_ctranslate2s_vocabulary_map(run_dir, tmp_path):
     pytest.importorskip("ctranslate2")
-    from seq2seq_cli.interop.export import export_ctranslate2
+    from seq2seq_cli.convert.export import export_ctranslate2
 
     out = export_ctranslate2(run_dir, tmp_path / "ct2")
     assert (out / "vmap.txt").read_bytes() == (run_dir / "shortlist.tsv").read_bytes()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED
 from seq2seq_cli.cli import app
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.formats import infer_format, read_parallel
 from seq2seq_cli.data.tmx import lang_matches
 from seq2seq_cli.errors import UserError

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import SHIPPED, make_config, quiet, train_records
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.batching import collate, epoch_batches
 from seq2seq_cli.data.encoding import encode_corpus
 from seq2seq_cli.data.formats import read_parallel

@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 from conftest import SHIPPED
 from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
-from seq2seq_cli.decode.sentences import Splitter
-from seq2seq_cli.decode.translate import OutputOptions, Translator
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.documents.lines import OutputOptions, translate_sentences, translate_stream
+from seq2seq_cli.documents.sentences import Splitter
 
 runner = CliRunner()
 
@@ -50,7 +51,8 @@ def test_empty_lines_stay_in_place(run_dir, sentences, tmp_path):
     assert got[1] == "" and got[4] == ""
     tr = Translator.load(run_dir, "cpu")
     kept = [s for i, s in enumerate(lines) if i not in (1, 4)]
-    assert [g for i, g in enumerate(got) if i not in (1, 4)] == tr.translate(kept, Splitter("es"))  # lines cut into sentences
+    # lines cut into sentences
+    assert [g for i, g in enumerate(got) if i not in (1, 4)] == translate_sentences(tr.translate, kept, Splitter("es"))
 
 
 def test_nbest_with_scores(run_dir, sentences):
@@ -77,7 +79,7 @@ def test_alignment_and_attention_plots(run_dir, sentences, tmp_path):
     tr = Translator.load(run_dir, "cpu", {"beam_size": 1})
     plots = tmp_path / "plots"
     opts = OutputOptions(alignment=True, attention_plots=plots)
-    rows = list(tr.translate_stream(sentences[:3], opts))
+    rows = list(translate_stream(tr, sentences[:3], opts))
     ids = tr.encode(sentences[:3])
     hyps = tr.translate_hypotheses(sentences[:3])
     for row, src_ids, h in zip(rows, ids, hyps):
@@ -150,12 +152,12 @@ def test_each_chunk_is_encoded_once(run_dir, sentences, monkeypatch):
     tr = Translator.load(run_dir, "cpu", {"beam_size": 1})
     tr.src_sp = counting = CountingEncoder(tr.src_sp)
     monkeypatch.setattr(translate_module, "FEW_LINES", 2)  # chunks of 2 lines or more: one call each
-    rows = list(tr.translate_stream(sentences[:10], OutputOptions(), chunk_lines=4))
+    rows = list(translate_stream(tr, sentences[:10], OutputOptions(), chunk_lines=4))
     assert len(rows) == 10
     assert counting.calls == [4, 4, 2]  # one call per chunk, each chunk once
     # fewer lines than FEW_LINES: one call per line (SentencePiece starts a pool of threads per list)
     counting.calls.clear()
-    list(tr.translate_stream(sentences[:10], OutputOptions(), chunk_lines=1))
+    list(translate_stream(tr, sentences[:10], OutputOptions(), chunk_lines=1))
     assert counting.calls == sentences[:10]
 
 
@@ -164,7 +166,7 @@ def test_progress_advances_per_decoded_batch(run_dir, sentences):
     lines = sentences[:12]
     lines[3] = ""
     bar = Recorder()
-    rows = list(tr.translate_stream(lines, OutputOptions(), chunk_lines=10000, progress=bar))
+    rows = list(translate_stream(tr, lines, OutputOptions(), chunk_lines=10000, progress=bar))
     assert len(rows) == 12
     assert sum(bar.updates) == 12
     assert len(bar.updates) > 3 and max(bar.updates) < 11  # many batches in one chunk, each counted as decoded
@@ -172,7 +174,7 @@ def test_progress_advances_per_decoded_batch(run_dir, sentences):
 
 @pytest.mark.parametrize("to_stdout", [True, False])
 def test_the_progress_bar_is_closed(run_dir, sentences, tmp_path, monkeypatch, to_stdout):
-    import seq2seq_cli.decode.textfile as textfile_module
+    import seq2seq_cli.documents.text as textfile_module
 
     Recorder.instances.clear()
     monkeypatch.setattr(textfile_module, "tqdm", Recorder)
@@ -199,7 +201,8 @@ def test_int8_translation_from_the_cli_and_the_run_config(run_dir, sentences, tm
     assert quant.decode.quantize == "int8"
     assert any(type(m).__name__ == "Int8Linear" for m in quant.model.modules())
     assert not any(type(m).__name__ == "Int8Linear" for m in plain.model.modules())
-    assert outs["int8"].read_text(encoding="utf-8").splitlines() == quant.translate(sentences[:8], Splitter("es"))
+    want = translate_sentences(quant.translate, sentences[:8], Splitter("es"))
+    assert outs["int8"].read_text(encoding="utf-8").splitlines() == want
 
 
 def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path):
@@ -214,7 +217,7 @@ def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path
     fp32, bf16 = Translator.load(run_dir, "cpu"), Translator.load(run_dir, "cpu", {"precision": "bf16"})
     assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}  # auto on CPU
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
-    assert out.read_text(encoding="utf-8").splitlines() == bf16.translate(sentences, Splitter("es"))
+    assert out.read_text(encoding="utf-8").splitlines() == translate_sentences(bf16.translate, sentences, Splitter("es"))
     plain, low = fp32.translate_hypotheses(sentences), bf16.translate_hypotheses(sentences)
     same = [a[0].tokens == b[0].tokens for a, b in zip(plain, low)]
     assert sum(same) >= 0.75 * len(same)  # bf16 rounding may flip near ties, not the bulk

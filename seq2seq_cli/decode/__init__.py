@@ -1,1 +1,1 @@
-"""Decoding: search, the translator, oneDNN packing for CPU, evaluation with sacreBLEU."""
+"""Decoding: the searches, the engines (ours and CTranslate2's), the translator, evaluation with sacreBLEU."""

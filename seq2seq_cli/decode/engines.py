@@ -6,7 +6,7 @@ with the request's options go to it, and the rest (forced prefixes, constraints,
 options it lacks, outputs that reach their limit) to the searches, so every option works
 whichever engine is attached. The engine decodes the same weights with the same settings,
 and a sentence gets the output our search would give it. The CTranslate2 engine lives with
-the CTranslate2 converter (`seq2seq_cli/interop/ctranslate2_engine.py`); the command line
+the CTranslate2 converter (`seq2seq_cli/decode/ctranslate2_engine.py`); the command line
 attaches it.
 """
 

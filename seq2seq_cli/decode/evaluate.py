@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from seq2seq_cli.decode.files import check_output
-from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import read_lines, write_lines
@@ -56,12 +56,13 @@ def evaluate(
     hyp: Path | None = None,
     translator: Translator | None = None,
     output: Path | None = None,
-    splitter: Splitter | None = None,
+    translate: Callable[[list[str]], list[str]] | None = None,
 ) -> Scores:
     """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
     hypotheses to `output` when given). An `output` that is one of the inputs, or lies in the
-    model's run directory, is refused before anything is translated. With `splitter`, each
-    source line is cut into sentences and their translations joined back."""
+    model's run directory, is refused before anything is translated. `translate` turns the
+    source lines into their translations (default: the translator's, one sentence per line;
+    the command line gives one that cuts lines into sentences and joins them back)."""
     if output is not None and hyp is not None:
         raise UserError(f"-o {output}: --output writes the translations of --src; with --hyp {hyp} there is nothing "
                         "to translate (leave out -o)")
@@ -82,7 +83,7 @@ def evaluate(
         sources = text_lines(src)
         if len(sources) != len(refs):
             raise UserError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be aligned")
-        hyps = translator.translate(sources, splitter)
+        hyps = (translate or translator.translate)(sources)
         other = src
         if output is not None:
             write_lines(output, hyps)

@@ -1,11 +1,11 @@
-"""The `Translator`: a loaded run translating lines (files and stdin: `textfile.py`).
+"""The `Translator`: a loaded run (or an ensemble) that translates sentences.
 
-Lines come in chunks; each chunk is sorted by length, cut into batches by a source-token
-budget, decoded, detokenised and written back in input order, so memory stays bounded on
-large files and the output lines match the input lines one for one (an empty input line
-gives an empty output line). With --nbest N each input gives N consecutive lines. With
---prefix FILE each output starts with its line of FILE, tokenized with the run's target
-tokenizer (see `search`): one line of target text per input line, an empty line for none.
+Sentences are encoded, sorted by length, cut into batches by a source-token budget and
+decoded by the engine that can (CTranslate2's, where attached and the options allow) or by
+our searches (beam, sampling, constrained beam search for lines with constraints), with
+forced target prefixes where given (see `search`); the hypotheses come back in input order.
+Rendering output lines (n-best, scores, alignments, plots) and cutting lines into sentences
+belong to the documents wing (`seq2seq_cli/documents/lines.py`).
 
 Attention-based extras (hard alignments, attention heatmaps, unknown-token replacement)
 re-run the finished hypotheses through the decoder with the explicit attention path, so
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 from torch import Tensor
 from tqdm import tqdm
 
@@ -36,13 +34,9 @@ from seq2seq_cli.data.tokenizer import all_pieces, tag_id
 from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
 from seq2seq_cli.decode.engines import SearchEngine
 from seq2seq_cli.decode.ensemble import Ensemble, check_member
-from seq2seq_cli.decode.files import CHUNK_LINES, chunked
 from seq2seq_cli.decode.onednn import for_decoding
-from seq2seq_cli.decode.plots import plot_attention
-from seq2seq_cli.decode.prefixes import PrefixFile
+from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
 from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
-from seq2seq_cli.decode.sentences import SplitPlan, Splitter, plan
-from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.decode.threads import one_thread, spread
 from seq2seq_cli.device import decoding_dtype, pick_device
 from seq2seq_cli.errors import UserError
@@ -55,27 +49,6 @@ if TYPE_CHECKING:
     from sentencepiece import SentencePieceProcessor
 
 FEW_LINES = 64  # fewer lines are tokenized one by one (`Translator.encode`)
-
-
-@dataclass
-class OutputOptions:
-    """What each output line carries besides the translation."""
-
-    nbest: int = 1
-    scores: bool = False  # append "\tSCORE"
-    alignment: bool = False  # append "\tSRC-TGT ..." (subword positions, argmax cross-attention)
-    attention_plots: Path | None = None  # one PNG heatmap per sentence
-    attention_layer: int = -1  # decoder layer whose cross-attention is used
-    attention_head: int | None = None  # None = mean over heads
-    terminology: Terminology | None = None  # --constraints and --glossary: target phrases each output holds
-    splitter: Splitter | None = None  # cut each line into sentences and join their translations (see `splits`)
-
-    def splits(self) -> bool:
-        """Whether lines are cut into sentences: with a splitter, and one output per line that
-        is a translation alone (no --nbest, --scores, --alignment or --attention-plots, whose
-        scores, positions and plots are those of one decoded sentence)."""
-        return (self.splitter is not None and self.nbest == 1 and not self.scores and not self.alignment
-                and self.attention_plots is None)
 
 
 @dataclass
@@ -106,23 +79,9 @@ class Translator:
         more); `overrides` (DecodeConfig keys) replace the (first) run's decode settings and
         are validated like the config."""
         paths = [model_path] if isinstance(model_path, (str, Path)) else list(model_path)
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
-            raise UserError(f"--device {device!r}: expected auto, cpu or cuda")
         dev = pick_device(device, setting="--device")
         run = load_run(paths[0], dev)
-        settings = run.config.decode.model_dump()
-        settings.update(overrides or {})
-        try:
-            decode = DecodeConfig(**settings)
-        except ValidationError as exc:
-            raise UserError(describe_decode_error(exc, overrides or {})) from None
-        vocab = int(run.meta["tgt_vocab"])
-        if not decode.sampling and decode.beam_size > vocab:
-            where = "--beam-size" if "beam_size" in (overrides or {}) else "decode.beam_size (the run's config)"
-            raise UserError(f"{where} {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
-        if (decode.constraint_beam_size or 0) > vocab:
-            where = "--constraint-beam-size" if "constraint_beam_size" in (overrides or {}) else "decode.constraint_beam_size"
-            raise UserError(f"{where} {decode.constraint_beam_size}: larger than the target vocabulary ({vocab} tokens)")
+        decode = decode_settings(run.config.decode, overrides or {}, int(run.meta["tgt_vocab"]), flag_name)
         runs = [run]
         for path in paths[1:]:
             runs.append(load_run(path, dev))
@@ -214,8 +173,7 @@ class Translator:
         (ids) of each line, decoded by constrained beam search (`seq2seq_cli/decode/constraints.py`);
         the lines without any decode as without."""
         d = self.decode
-        if not d.sampling and nbest > d.beam_size:
-            raise UserError(f"--nbest {nbest} is larger than the beam size {d.beam_size}; raise --beam-size")
+        check_nbest(nbest, d, flag_name)
         if constraints is not None and any(constraints) and d.sampling:
             raise UserError("--constraints and --glossary need beam search; leave out --sampling")
         word_start = self.word_start() if constraints is not None and any(constraints) else None
@@ -310,13 +268,9 @@ class Translator:
             self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
         return self._word_start
 
-    def translate(self, lines: list[str], splitter: Splitter | None = None) -> list[str]:
-        """Translate sentences (1-best) in input order; with `splitter`, each line is cut into
-        sentences and their translations joined back (`seq2seq_cli/decode/sentences.py`)."""
-        if splitter is None:
-            return [self.tgt_sp.decode(h[0].tokens) for h in self.translate_hypotheses(lines)]
-        split = plan(lines, splitter)
-        return split.join(self.translate(split.units))
+    def translate(self, sentences: list[str]) -> list[str]:
+        """Translate sentences (1-best) in input order."""
+        return [self.tgt_sp.decode(h[0].tokens) for h in self.translate_hypotheses(sentences)]
 
     def cross_attention(self, src_ids: list[int], tokens: list[int], layer: int, head: int | None) -> Tensor:
         """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
@@ -345,126 +299,6 @@ class Translator:
                 text.append(self.tgt_sp.id_to_piece(tok).replace("\u2581", " "))
         return "".join(text).strip()
 
-    def format(self, index: int, src_line: str, src_ids: list[int], hyps: list[Hypothesis], opts: OutputOptions) -> list[str]:
-        """Output lines for one input sentence (n-best, with optional scores and alignment)."""
-        lines = []
-        for rank, h in enumerate(hyps):
-            attention = None
-            # the explicit attention pass only where its result is used
-            plotted = opts.attention_plots is not None and rank == 0
-            if (opts.alignment or plotted or (self.decode.replace_unk and UNK in h.tokens)) and src_line.strip():
-                attention = self.cross_attention(src_ids, h.tokens, opts.attention_layer, opts.attention_head)
-            line = self.render(h.tokens, src_line, attention)
-            if opts.scores:
-                line += f"\t{h.score:.4f}"
-            if opts.alignment:
-                skip = len(self.tag_ids)  # source positions are the line's pieces, the tag not counted
-                pairs = [] if attention is None else attention[: len(h.tokens), skip : len(src_ids) - 1].argmax(dim=1).tolist()
-                line += "\t" + " ".join(f"{i}-{j}" for j, i in enumerate(pairs))
-            if opts.attention_plots and rank == 0 and attention is not None:
-                plot_attention(
-                    attention, [self.src_sp.id_to_piece(t) for t in src_ids[:-1]] + ["</s>"],
-                    [self.tgt_sp.id_to_piece(t) for t in h.tokens] + ["</s>"],
-                    opts.attention_plots / f"{index + 1:06d}.png",
-                )
-            lines.append(line)
-        return lines
-
-    def translate_stream(
-        self, lines: Iterable[str], opts: OutputOptions, chunk_lines: int = CHUNK_LINES, progress: tqdm | None = None,
-        cut: list[int] | None = None, prefix: PrefixFile | None = None,
-    ) -> Iterator[str]:
-        """Translate an iterable of lines chunk by chunk; yields the output lines in order.
-        `progress` (a tqdm bar) advances by the sentences of each decoded batch; the line
-        numbers (from 1) of lines cut to the model's positions are appended to `cut`;
-        `prefix` gives each line its forced prefix."""
-        for rows in self.translate_chunks(chunked(lines, chunk_lines), opts, progress, cut, prefix=prefix):
-            yield from rows
-
-    def translate_chunks(
-        self, chunks: Iterable[list[str]], opts: OutputOptions, progress: tqdm | None = None, cut: list[int] | None = None,
-        input_name: str = "the input", prefix: PrefixFile | None = None,
-    ) -> Iterator[list[str]]:
-        """Translate chunks of lines -> the output lines of each chunk, in order (see
-        `translate_stream`): each chunk is answered before the next is read. `input_name`
-        names the input in the messages about its constraints. With `prefix`, input lines
-        beyond its lines, or fewer than them, are a UserError."""
-        done = units_done = 0
-        for chunk in chunks:
-            chunk = [line.rstrip("\r\n") for line in chunk]
-            constraints = self.constraints(opts.terminology, chunk, done, input_name)
-            prefixes = None if prefix is None else prefix.take(done, len(chunk))
-            if constraints and prefixes:
-                for k, (c, f) in enumerate(zip(constraints, prefixes)):
-                    if c and f:
-                        raise UserError(f"{input_name}:{done + k + 1}: a line has both constraints and a prefix; "
-                                        "give it one or the other")
-            # a line with constraints or a prefix is decoded whole: they belong to the line
-            keep_whole = [bool((constraints and constraints[i]) or (prefixes and prefixes[i])) for i in range(len(chunk))]
-            split = plan(chunk, opts.splitter, keep_whole) if opts.splits() and opts.splitter is not None else None
-            if split is None:
-                rows = self.translate_lines(chunk, opts, progress, cut, done, constraints, prefixes)
-            else:
-                rows = self.translate_split(split, opts, progress, cut, done, units_done, constraints, prefixes)
-            yield rows
-            done += len(chunk)
-            units_done += len(chunk) if split is None else len(split.units)
-        if opts.terminology is not None:
-            opts.terminology.check_line_count(done, input_name)
-        if prefix is not None:
-            prefix.check_count(done)
-
-    def translate_lines(
-        self, chunk: list[str], opts: OutputOptions, progress: tqdm | None, cut: list[int] | None, done: int,
-        constraints: list[Phrases] | None, prefixes: list[list[int]] | None,
-    ) -> list[str]:
-        """The output rows of a chunk of lines decoded one per line; `done`: the lines before it."""
-        cut_here: list[int] = []
-        ids = self.encode(chunk, cut_here)
-        if cut is not None:
-            cut.extend(done + i + 1 for i in cut_here)
-        rows: list[str] = []
-        hyps_of = self.translate_hypotheses(chunk, opts.nbest, ids, progress, done, prefixes, constraints)
-        for k, hyps in enumerate(hyps_of):
-            rows.extend(self.format(done + k, chunk[k], ids[k], hyps, opts))
-        return rows
-
-    def translate_split(
-        self, split: SplitPlan, opts: OutputOptions, progress: tqdm | None, cut: list[int] | None, done: int,
-        units_done: int, constraints: list[Phrases] | None, prefixes: list[list[int]] | None,
-    ) -> list[str]:
-        """The output lines of a chunk cut into sentences (`split`): its units decoded as one
-        batch and joined back, one line per line. `done`, `units_done`: the lines and units before
-        the chunk (units seed sampling); a line cut to the model's positions is counted once."""
-        units, owners = split.units, split.owners
-        cut_here: list[int] = []
-        ids = self.encode(units, cut_here)
-        if cut is not None:
-            cut.extend(sorted({done + owners[i] + 1 for i in cut_here}))
-        if progress is not None and getattr(progress, "total", None) is not None:  # the bar counts sentences
-            progress.total += len(units) - len(split.splits)
-            progress.refresh()
-        unit_constraints = None if constraints is None else [constraints[o] for o in owners]
-        unit_prefixes = None if prefixes is None else [prefixes[o] for o in owners]
-        hyps_of = self.translate_hypotheses(units, 1, ids, progress, units_done, unit_prefixes, unit_constraints)
-        outputs = [self.format(units_done + k, units[k], ids[k], hyps, opts)[0] for k, hyps in enumerate(hyps_of)]
-        return split.join(outputs)
-
-    def constraints(self, terms: Terminology | None, lines: list[str], first: int, input_name: str) -> list[Phrases] | None:
-        """The constraint phrases (target ids) of `lines`, the input lines `first`.. (from 0),
-        or None without terminology; a line whose phrases hold more tokens than the model's
-        output positions is a UserError naming it."""
-        if terms is None:
-            return None
-        phrases = terms.phrases(self.tgt_sp, lines, first, input_name)
-        limit = max_source_subwords(self.model)
-        for i, p in enumerate(phrases):
-            if sum(map(len, p)) > limit:
-                raise UserError(f"{input_name}:{first + i + 1}: the constraints of this line have {sum(map(len, p))} "
-                                f"target tokens, more than the model's {limit} output positions")
-        return phrases
-
-
 def shortlisted(model: Seq2SeqTransformer, shortlist: Shortlist) -> Seq2SeqTransformer:
     """A copy of `model` (sharing everything) whose searches score only the target ids
     `shortlist` gives each batch's source ids (`Seq2SeqTransformer.candidates`)."""
@@ -479,18 +313,3 @@ def read_shortlist(path: Path, src_sp: SentencePieceProcessor, tgt_sp: SentenceP
         raise UserError(f"{path}: the run has no shortlist (seq2seq train writes it from the training data when it "
                         "starts); decode without --shortlist")
     return read(path, {p: i for i, p in enumerate(all_pieces(src_sp))}, {p: i for i, p in enumerate(all_pieces(tgt_sp))})
-
-
-def describe_decode_error(exc: ValidationError, overrides: dict[str, object]) -> str:
-    """A rejected decoding option as one line: the flag (or the run's decode.* key), the value
-    and what is allowed."""
-    problems = []
-    for err in exc.errors():
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if not err["loc"]:
-            problems.append(f"decoding options: {msg}")
-            continue
-        name = str(err["loc"][0])
-        where = f"--{name.replace('_', '-')}" if name in overrides else f"decode.{name} (the run's config)"
-        problems.append(f"{where} {err['input']!r}: {msg}")
-    return "; ".join(problems)

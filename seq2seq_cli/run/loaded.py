@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from seq2seq_cli.config import Config, validate_config
+from seq2seq_cli.config import Config
+from seq2seq_cli.config_load import validate_config
 from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256, check_fingerprint, load_tokenizers
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.layout import MANIFEST, RunLayout

@@ -8,7 +8,9 @@ the decoding options of `translate`, health, metrics and the web page.
                          -> {"results": [{"translation", "score", "nbest"?, "alignment"?, "attention"?} per line]}
     GET  /health, GET /metrics (JSON, or Prometheus text with ?format=prometheus), GET / (the page)
 
-The routes live in routers (`translation.py`, `status.py`), each reaching the one `AppState`
+    POST /translate_file (multipart) -> {"translatedFileUrl"}; GET /download_file/NAME
+
+The routes live in routers (`translation.py`, `files.py`, `status.py`), each reaching the one `AppState`
 with `app_state(request)` and reading its body with `parse.read_body`; a new group of routes
 is one more router in ROUTERS, its routes carrying their full paths (the metrics count by
 them). HEAD is answered wherever GET is, without a body.
@@ -31,15 +33,15 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seq2seq_cli.decode.translate import Translator
-from seq2seq_cli.serve import documents, status, translation
-from seq2seq_cli.serve.parse import REQUEST_DECODE_KEYS, V1_KEYS, RequestError, check_key, check_pair, error_response
+from seq2seq_cli.serve import files, status, translation
+from seq2seq_cli.serve.parse import REQUEST_DECODE_KEYS, V1_KEYS, RequestError, error_response
 from seq2seq_cli.serve.state import AppState, ServeSettings, app_state, path_label
 
 __all__ = ["REQUEST_DECODE_KEYS", "ROUTERS", "V1_KEYS", "ServeSettings", "create_app"]
 
 log = logging.getLogger("seq2seq.serve")
 
-ROUTERS: tuple[APIRouter, ...] = (translation.router, status.router)
+ROUTERS: tuple[APIRouter, ...] = (translation.router, files.router, status.router)
 
 
 def create_app(translator: Translator, settings: ServeSettings, routers: Sequence[APIRouter] = ROUTERS) -> FastAPI:
@@ -51,20 +53,19 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
         state.batcher.start()
         yield
         await asyncio.to_thread(state.batcher.stop)
+        state.files.close()
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, title="seq2seq")
     app.state.serve = state
     app.state.batcher = state.batcher
+    app.state.files = state.files
     app.add_exception_handler(RequestError, request_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, internal_error)
     app.add_middleware(Counting)
     for router in routers:
         app.include_router(router)
-    documents.add_file_routes(app, translator, state.batcher, settings.max_chars,
-                              lambda fields, request: check_key(state, fields, request),
-                              lambda source, target: check_pair(state, source, target), RequestError)
-    # the routers' routes (the app holds each router, not copies of its routes) and the file routes
+    # the routers' routes (the app holds each router, not copies of its routes)
     every = [*(route for router in routers for route in router.routes), *app.routes]
     state.routes = [route for route in every if isinstance(route, APIRoute)]
     for route in state.routes:

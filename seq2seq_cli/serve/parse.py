@@ -4,17 +4,22 @@ value of any kind in any field gets such an answer, never a 500."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.options import check_nbest, clip, decode_settings, field_name
+from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import first_surrogate
+from seq2seq_cli.serve.batcher import QueueFull
 from seq2seq_cli.serve.state import AppState
 
 # The decoding options a request may set; batch_tokens, precision, quantize and shortlist belong
@@ -36,13 +41,37 @@ class RequestError(Exception):
         self.headers = headers or {}
 
 
+def too_large(what: str, size: str, limit: int) -> RequestError:
+    """The 413 answer: `what` ("request", "file") of `size` (with its unit) over `limit`."""
+    return RequestError(413, f"{what} too large: {size}, the limit is {limit}")
+
+
+def queued(submit: Callable[[], Future]) -> Future:
+    """The future of work handed to the batcher by `submit`, or the 503 answer (with Retry-After)
+    when its queue is full or it is stopping."""
+    try:
+        return submit()
+    except QueueFull as exc:
+        raise RequestError(503, f"server busy: {exc.limit} requests are queued, the limit; retry later",
+                           {"Retry-After": "1"}) from None
+    except RuntimeError:
+        raise RequestError(503, "server is shutting down", {"Retry-After": "5"}) from None
+
+
+async def answered(state: AppState, future: Future) -> Any:
+    """What the batcher's `future` gives, within the request timeout (else 504); a problem with
+    the request's input found while decoding is its 400."""
+    timeout = state.settings.timeout_s
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+    except TimeoutError:
+        raise RequestError(504, f"translation took longer than the request timeout of {timeout:g} s") from None
+    except UserError as exc:
+        raise RequestError(400, str(exc)) from None
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-def clip(text: str, width: int = 60) -> str:
-    """`text` cut to `width` characters (a value quoted in a message stays one short line)."""
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def json_kind(value: Any) -> str:
@@ -60,10 +89,10 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
     checked by `check_values`; a body over `limit` bytes is refused (413)."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
-        raise RequestError(413, f"request too large: {length} bytes of body, the limit is {limit}")
+        raise too_large("request", f"{length} bytes of body", limit)
     raw = await request.body()
     if len(raw) > limit:
-        raise RequestError(413, f"request too large: {len(raw)} bytes of body, the limit is {limit}")
+        raise too_large("request", f"{len(raw)} bytes of body", limit)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     looks_json = raw.lstrip()[:1] in (b"{", b"[")  # JSON sent with curl -d's default form type is read as JSON
     if kind == "application/json" or (kind in ("", "application/x-www-form-urlencoded") and looks_json):
@@ -171,25 +200,29 @@ def check_size(state: AppState, texts: list[str]) -> list[list[str]]:
     """The lines of each text, within the server's limits (else 413)."""
     chars = sum(len(t) for t in texts)
     if chars > state.settings.max_chars:
-        raise RequestError(413, f"request too large: {chars} characters, the limit is {state.settings.max_chars}")
+        raise too_large("request", f"{chars} characters", state.settings.max_chars)
     lines = [t.split("\n") for t in texts]
     count = sum(len(ls) for ls in lines)
     if count > state.settings.max_lines:
-        raise RequestError(413, f"request too large: {count} lines, the limit is {state.settings.max_lines}")
+        raise too_large("request", f"{count} lines", state.settings.max_lines)
     return lines
 
 
 def decode_options(state: AppState, given: dict[str, Any]) -> DecodeConfig:
-    """The server's decoding settings with a request's own (DecodeConfig keys), checked as
-    `translate` checks its flags: by DecodeConfig, and a beam within the target vocabulary."""
+    """The server's decoding settings with a request's own (DecodeConfig keys), checked by the
+    rules `translate` checks its flags with (`seq2seq_cli/decode/options.py`)."""
     try:
-        decode = DecodeConfig(**{**state.translator.decode.model_dump(), **given})
-    except ValidationError as exc:
-        raise RequestError(400, describe_options_error(exc)) from None
-    vocab = state.target_vocabulary
-    if not decode.sampling and decode.beam_size > vocab:
-        raise RequestError(400, f"beam_size {decode.beam_size}: larger than the target vocabulary ({vocab} tokens)")
-    return decode
+        return decode_settings(state.translator.decode, given, state.target_vocabulary, field_name)
+    except UserError as exc:
+        raise RequestError(400, str(exc)) from None
+
+
+def nbest_fits(nbest: int, decode: DecodeConfig) -> None:
+    """An n-best list within the beam, as `translate --nbest` checks it."""
+    try:
+        check_nbest(nbest, decode, field_name)
+    except UserError as exc:
+        raise RequestError(400, str(exc)) from None
 
 
 def as_int(value: Any, name: str, low: int, high: int) -> int:
@@ -209,12 +242,3 @@ def as_bool(value: Any, name: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
     raise RequestError(400, f"Invalid request: {name} must be true or false (got {clip(repr(value))})")
-
-
-def describe_options_error(exc: ValidationError) -> str:
-    """A rejected decoding option of a request as one line: the field, its value, what is allowed."""
-    problems = []
-    for err in exc.errors():
-        msg = clip(str(err["msg"]).removeprefix("Value error, "), 120)
-        problems.append(f"{err['loc'][0]} {clip(repr(err['input']))}: {msg}" if err["loc"] else f"decoding options: {msg}")
-    return "; ".join(problems)

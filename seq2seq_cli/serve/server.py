@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.choices import Engine
+from seq2seq_cli.decode.loading import load_translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.serve.app import ServeSettings, create_app
 
@@ -64,22 +64,20 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(model: Path, device: str, decode: dict[str, object], host: str, port: int, settings: ServeSettings,
-          api_keys: Path | None = None, tag: str | None = None,
-          attach: Callable[[Translator], Translator] = lambda t: t) -> None:
-    """Serve a run until stopped; `tag` goes in front of every source line; `attach` gives the
-    loaded translator its engine (`--engine`)."""
+          api_keys: Path | None = None, tag: str | None = None, engine: Engine = Engine.auto) -> None:
+    """Serve a run until stopped; `tag` goes in front of every source line; `engine` searches
+    (`seq2seq_cli/decode/loading.py`)."""
     if api_keys is not None:
         settings.api_keys = read_api_keys(api_keys)
-    translator = attach(Translator.load(model, device, decode).with_tag(tag))  # a bad run fails here, before the port opens
+    # a bad run fails here, before the port opens
+    choice = load_translator([model], device, decode, tag, engine)
+    translator = choice.translator
     sock = listen(host, port)
     app = create_app(translator, settings)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5)
     server = _Server(config)
     bound = sock.getsockname()
-    src, tgt = translator.languages
-    engine = "" if translator.engine is None else f", searched by {translator.engine.name}"
-    engine += "" if translator.listed is None else ", shortlist"
-    print(f"serving {model} ({src} -> {tgt}{engine}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
+    print(f"serving {model} ({choice.describe()}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
           file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     print("stopped", file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
 """What the routes of `seq2seq serve` share: the server's settings and one `AppState` record
-(the translator, the batcher that decodes for it, the request counters), kept on the app as
+(the translator, the batcher that decodes for it, the translated files, the request counters), kept on the app as
 `app.state.serve`; a route reaches it with `app_state(request)`."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.routing import Match
 
-from seq2seq_cli.decode.sentences import Splitter
 from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.serve.batcher import Batcher
+from seq2seq_cli.serve.store import FileStore
 
 # The label under which /metrics counts requests for paths the server has no route for, so
 # that clients asking for new paths cannot grow the counters.
@@ -42,6 +43,7 @@ class AppState:
     settings: ServeSettings
     batcher: Batcher
     splitter: Splitter  # cuts LibreTranslate's texts into sentences (the source language's rules)
+    files: FileStore = field(default_factory=FileStore)  # translated files waiting for their download
     requests: Counter[str] = field(default_factory=Counter)  # by route path, OTHER_PATHS for the rest
     responses: Counter[int] = field(default_factory=Counter)  # by status
     started: float = field(default_factory=time.monotonic)

@@ -3,33 +3,37 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from seq2seq_cli.decode.options import clip
+from seq2seq_cli.documents.markup import translate_markup
+from seq2seq_cli.documents.sentences import plan
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.languages import LANGUAGE_NAMES
-from seq2seq_cli.serve import documents
-from seq2seq_cli.serve.batcher import JobOptions, QueueFull
+from seq2seq_cli.serve.batcher import JobOptions
 from seq2seq_cli.serve.parse import (
     REQUEST_DECODE_KEYS,
     V1_KEYS,
     RequestError,
+    answered,
     as_bool,
     as_int,
     check_key,
     check_pair,
     check_size,
-    clip,
     decode_options,
+    nbest_fits,
+    queued,
     read_body,
     texts_of,
 )
 from seq2seq_cli.serve.state import AppState, app_state
 
 router = APIRouter()
+FORMATS = ("text", "html")  # LibreTranslate's formats
 
 
 async def read_request(request: Request) -> tuple[AppState, dict[str, Any]]:
@@ -49,7 +53,7 @@ async def libretranslate(request: Request) -> JSONResponse:
     texts = texts_of(data["q"])
     check_pair(state, data["source"], data["target"])
     fmt = data.get("format") or "text"
-    if fmt not in documents.FORMATS:
+    if fmt not in FORMATS:
         raise RequestError(400, f"format {clip(repr(fmt))} is not supported; this server translates format text or html")
     alternatives = as_int(data.get("alternatives") or 0, "alternatives", 0, 16)
     lines = check_size(state, texts)
@@ -70,8 +74,7 @@ async def libretranslate(request: Request) -> JSONResponse:
         ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
         out_alts.append(["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)])
     if not results:  # sentences joined back into lines, or html with its markup
-        out_texts = await documents.translate_texts(texts, fmt, state.translator, state.splitter,
-                                                    lambda lines, options: decode(state, lines, options), state.batcher.options)
+        out_texts = await translate_texts(state, texts, fmt)
         out_alts = [[] for _ in texts]
     single = isinstance(data["q"], str)
     body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
@@ -109,8 +112,7 @@ async def v1_translate(request: Request) -> JSONResponse:
     alignment = as_bool(data.get("alignment", False), "alignment")
     attention = as_bool(data.get("attention", False), "attention")
     decode_cfg = decode_options(state, {k: v for k, v in data.items() if k in REQUEST_DECODE_KEYS})
-    if not decode_cfg.sampling and nbest > decode_cfg.beam_size:
-        raise RequestError(400, f"nbest {nbest} is larger than beam_size {decode_cfg.beam_size}; raise beam_size")
+    nbest_fits(nbest, decode_cfg)
     per_text = check_size(state, texts)
     prefixes = None if data.get("prefix") is None else prefixes_of(state, data["prefix"], data["q"], per_text)
     lines = [line for ls in per_text for line in ls]
@@ -144,20 +146,29 @@ def prefixes_of(state: AppState, prefix: Any, q: Any, lines: list[list[str]]) ->
         raise RequestError(400, f"Invalid request: {exc}") from None
 
 
+async def translate_texts(state: AppState, texts: list[str], fmt: str) -> list[str]:
+    """LibreTranslate's texts translated: in `fmt` html with their markup, as `translate` does an
+    HTML file (on the decoding thread, in its turn); else line by line, one output line per line,
+    each line cut into sentences and joined back, its sentences batched with other requests'."""
+    translator, splitter = state.translator, state.splitter
+    if fmt == "html":
+        def work() -> list[str]:
+            return [translate_markup(translator, text, "html", splitter) for text in texts]
+
+        translated: list[str] = await answered(state, queued(lambda: state.batcher.run_alone(work)))
+        return translated
+    per_text = [t.split("\n") for t in texts]
+    split = plan([line for ls in per_text for line in ls], splitter)
+    results = await decode(state, split.units, state.batcher.options(translator.decode, 1))
+    joined = split.join([r["translation"] for r in results])
+    out, k = [], 0
+    for ls in per_text:
+        out.append("\n".join(joined[k : k + len(ls)]))
+        k += len(ls)
+    return out
+
+
 async def decode(state: AppState, lines: list[str], options: JobOptions,
                  prefixes: list[list[int]] | None = None) -> list[dict[str, Any]]:
     """Each line's result, decoded by the batcher with the requests queued beside it."""
-    try:
-        future = state.batcher.submit(lines, options, prefixes)
-    except QueueFull as exc:
-        raise RequestError(503, f"server busy: {exc.limit} requests are queued, the limit; retry later",
-                           {"Retry-After": "1"}) from None
-    except RuntimeError:
-        raise RequestError(503, "server is shutting down", {"Retry-After": "5"}) from None
-    timeout = state.settings.timeout_s
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-    except TimeoutError:
-        raise RequestError(504, f"translation took longer than the request timeout of {timeout:g} s") from None
-    except UserError as exc:
-        raise RequestError(400, str(exc)) from None
+    return await answered(state, queued(lambda: state.batcher.submit(lines, options, prefixes)))

@@ -27,14 +27,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from seq2seq_cli.config import (
-    Config,
-    TokenizerConfig,
-    TrainConfig,
-    inherit_architecture,
-    save_config,
-    validate_config,
-)
+from seq2seq_cli.config import Config, TokenizerConfig, TrainConfig
+from seq2seq_cli.config_load import inherit_architecture, save_config, validate_config
 from seq2seq_cli.data import shortlist
 from seq2seq_cli.data.corpora import encode_corpora
 from seq2seq_cli.data.encoding import (

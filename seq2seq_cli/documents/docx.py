@@ -1,96 +1,31 @@
-"""Files translated whole: .txt (line by line, lines cut into sentences), .html/.htm (markup
-carried through, `markup.py`), .docx (python-docx: each paragraph translated in context,
-its runs' formatting, bold or italics, kept on the words aligned to the run's words) and .odt
-(`odt.py`: each paragraph in context, its spans kept around their words).
-
-A .docx or .odt is a zip: it is checked before it is opened (a zip, holding word/document.xml
-or content.xml, an .odt's mimetype the text one, not unpacking to more than MAX_UNPACKED bytes
-nor at a ratio over MAX_RATIO), so a bad or hostile file is one clear error. A run holding
-more than text (a drawing, a field, a tab) is kept as it is, untranslated, at its aligned place.
+""".docx documents (python-docx): each paragraph of the body, its tables, headers and footers
+translated in context, its runs' formatting (bold, italics) kept on the words aligned to the
+run's words. A run holding more than text (a drawing, a field, a tab) is kept as it is,
+untranslated, at its aligned place.
 """
 
 from __future__ import annotations
 
 import copy
 import io
-import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.decode import odt
-from seq2seq_cli.decode.markup import Node, Unit, _word_sources, translate_aligned, translate_markup
-from seq2seq_cli.decode.sentences import Splitter
+from seq2seq_cli.documents.markup import Node, Unit, translate_aligned, word_sources
+from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
 
 if TYPE_CHECKING:
     from seq2seq_cli.decode.translate import Translator
 
-SUFFIXES = (".txt", ".html", ".htm", ".docx", ".odt")
-ARCHIVES = {".docx": ("a .docx", "word/document.xml"), ".odt": ("an .odt", "content.xml")}  # zips: what each must hold
-MAX_UNPACKED = 200 << 20  # bytes a .docx or .odt may unpack to
-MAX_RATIO = 200  # unpacked / packed bytes of a large entry beyond which a zip is refused as a zip bomb
 TEXT_TAGS = ("}t", "}rPr")  # what a run holding only text holds
 
 
-def check_file(name: str, data: bytes) -> str:
-    """The file's suffix once the file is fit to translate; a UserError naming it otherwise."""
-    suffix = Path(name).suffix.lower()
-    if suffix not in SUFFIXES:
-        raise UserError(f"{name}: {suffix or 'a file without an extension'} is not supported; "
-                        f"send {', '.join(SUFFIXES[:-1])} or {SUFFIXES[-1]}")
-    if not data:
-        raise UserError(f"{name}: the file is empty (0 bytes)")
-    if suffix not in ARCHIVES:
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})") from None
-        return suffix
-    kind, required = ARCHIVES[suffix]
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise UserError(f"{name}: not {kind} file ({kind} is a zip archive; this is not one)")
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        entries = archive.infolist()
-        if required not in {e.filename for e in entries}:
-            raise UserError(f"{name}: not {kind} file (the archive holds no {required})")
-        unpacked = sum(e.file_size for e in entries)
-        bomb = any(e.file_size > (1 << 20) and e.file_size > MAX_RATIO * max(1, e.compress_size) for e in entries)
-        if unpacked > MAX_UNPACKED or bomb:
-            raise UserError(f"{name}: refused: it unpacks to {unpacked} bytes from {len(data)} (a zip bomb?)")
-        if suffix == ".odt":
-            odt.check_mimetype(name, archive)
-    return suffix
-
-
-def text_chars(suffix: str, data: bytes, name: str = "the file") -> int:
-    """Characters of text a checked file holds (what a server's limit counts)."""
-    if suffix == ".odt":
-        return odt.text_chars(data, name)
-    if suffix != ".docx":
-        return len(data.decode("utf-8"))
+def text_chars(data: bytes) -> int:
+    """Characters of text a .docx holds (what a server's limit counts)."""
     import docx
 
     return sum(len(p.text) for p in _paragraphs(docx.Document(io.BytesIO(data))))
-
-
-def translate_bytes(translator: Translator, name: str, data: bytes, splitter: Splitter) -> bytes:
-    """A .txt, .html/.htm, .docx or .odt file's bytes -> the translated file's bytes, same format."""
-    suffix = check_file(name, data)
-    if suffix == ".docx":
-        return translate_docx(translator, data, splitter, name)
-    if suffix == ".odt":
-        return odt.translate_odt(translator, data, splitter, name)
-    text = data.decode("utf-8").removeprefix("\ufeff")
-    if suffix in (".html", ".htm"):
-        return translate_markup(translator, text, "html", splitter, name).encode("utf-8")
-    lines = text.split("\n")
-    ends = [line.endswith("\r") for line in lines]
-    out = translator.translate([line.rstrip("\r") for line in lines], splitter)
-    return "\n".join(o + ("\r" if e else "") for o, e in zip(out, ends)).encode("utf-8")
-
-
-# ---------------------------------------------------------------------------------- .docx
 
 
 def _paragraphs(document: Any) -> list[Any]:
@@ -183,7 +118,7 @@ def _render_paragraph(p: _Paragraph, aligned: list[Any]) -> None:
     """Write a paragraph's translation into its runs: each stretch of output words that belongs
     to one run (`_owners`) in that run, or a copy of it; a run that is not text, where it was
     among the text runs."""
-    words, seps, spans, _ = _word_sources(p.unit, aligned)
+    words, seps, spans, _ = word_sources(p.unit, aligned)
     owners = _owners(p, spans)
     pieces: list[list[Any]] = []  # [node index, text], in output order
     for w, (word, owner) in enumerate(zip(words, owners)):

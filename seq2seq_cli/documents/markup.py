@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.decode.sentences import Split, Splitter
+from seq2seq_cli.documents.sentences import Split, Splitter
 from seq2seq_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _inline(el: Any, html_rules: bool) -> bool:
     return not isinstance(el.tag, str) or (parent is not None and _mixed(parent))
 
 
-class _Builder:
+class UnitBuilder:
     """Collects a unit's text with whitespace collapsed."""
 
     def __init__(self, unit: Unit) -> None:
@@ -147,7 +147,7 @@ def _units(container: Any, html_rules: bool) -> Iterator[Unit]:
     if _untranslated(container, html_rules):
         return
     unit = Unit(container, None)
-    builder = _Builder(unit)
+    builder = UnitBuilder(unit)
     raw = [container.text or ""]
     builder.add(container.text)
     for child in container:
@@ -156,16 +156,16 @@ def _units(container: Any, html_rules: bool) -> Iterator[Unit]:
             builder.add(child.tail)
             raw.append(child.tail or "")
             continue
-        yield _finish(unit, builder, raw)
+        yield finish_unit(unit, builder, raw)
         yield from _units(child, html_rules)
         unit = Unit(container, child)
-        builder = _Builder(unit)
+        builder = UnitBuilder(unit)
         raw = [child.tail or ""]
         builder.add(child.tail)
-    yield _finish(unit, builder, raw)
+    yield finish_unit(unit, builder, raw)
 
 
-def _finish(unit: Unit, builder: _Builder, raw: list[str]) -> Unit:
+def finish_unit(unit: Unit, builder: UnitBuilder, raw: list[str]) -> Unit:
     text = "".join(builder.parts)
     unit.text = text.rstrip()
     unit.root.end = len(unit.text)
@@ -177,7 +177,7 @@ def _finish(unit: Unit, builder: _Builder, raw: list[str]) -> Unit:
 # ---------------------------------------------------------------------------------- placing tags
 
 
-def _word_sources(unit: Unit, aligned: list[Aligned]) -> tuple[list[str], list[str], list[list[tuple[int, int]]], list[int]]:
+def word_sources(unit: Unit, aligned: list[Aligned]) -> tuple[list[str], list[str], list[list[tuple[int, int]]], list[int]]:
     """The unit's target words, the separator before each, the source spans (unit characters)
     each is aligned to, and each word's sentence."""
     assert unit.split is not None
@@ -312,7 +312,7 @@ def _write(parent: Any, anchor: Any, old: list[Any], content: list[Any]) -> None
 
 def render_unit(unit: Unit, aligned: list[Aligned]) -> None:
     """Write a unit's translation (one `Aligned` per sentence of its split) into the tree."""
-    words, seps, spans, sentence_of = _word_sources(unit, aligned)
+    words, seps, spans, sentence_of = word_sources(unit, aligned)
     placed = _place(unit.root.children, 0, len(words), lambda node: _target_range(node, unit, spans, sentence_of))
     content = [unit.lead, *_emit(0, len(words), placed, words, seps), unit.trail]
     _write(unit.parent, unit.anchor, [n.element for n in unit.root.children], content)

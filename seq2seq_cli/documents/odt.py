@@ -19,8 +19,8 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.decode.markup import Node, Unit, _Builder, _finish, render_unit, translate_aligned
-from seq2seq_cli.decode.sentences import Splitter
+from seq2seq_cli.documents.markup import Node, Unit, UnitBuilder, finish_unit, render_unit, translate_aligned
+from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class _Paragraph:
     glued: list[Any] = field(default_factory=list)  # elements not text with no space before them
 
 
-def _node(p: _Paragraph, builder: _Builder, element: Any) -> Node:
+def _node(p: _Paragraph, builder: UnitBuilder, element: Any) -> Node:
     """An element of a paragraph as a node: a span with its text and children, or opaque."""
     if element.tag in INLINE:
         node = Node(element, builder.length)
@@ -91,14 +91,14 @@ def _node(p: _Paragraph, builder: _Builder, element: Any) -> Node:
 def _paragraph(paragraph: Any) -> _Paragraph:
     """A text:p or text:h as a unit of `markup.py` (its text: `unit.text`, empty if none)."""
     p = _Paragraph(Unit(paragraph, None))
-    builder = _Builder(p.unit)
+    builder = UnitBuilder(p.unit)
     raw = [paragraph.text or ""]
     builder.add(paragraph.text)
     for child in paragraph:
         p.unit.root.children.append(_node(p, builder, child))
         builder.add(child.tail)
         raw.append(child.tail or "")
-    _finish(p.unit, builder, raw)
+    finish_unit(p.unit, builder, raw)
     return p
 
 

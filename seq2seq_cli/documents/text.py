@@ -18,7 +18,8 @@ from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.files import CHUNK_LINES, check_output, chunked, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.prefixes import PrefixFile
 from seq2seq_cli.decode.search import max_source_subwords
-from seq2seq_cli.decode.translate import OutputOptions, Translator
+from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.documents.lines import OutputOptions, translate_chunks
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import check_text_file, iter_lines, write_lines
 
@@ -74,7 +75,7 @@ def translate_file(
         chunks = warn_about_plots(chunks, total)
     cut: list[int] = []
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
-        outputs = translator.translate_chunks(chunks, opts, bar, cut, "stdin" if src == "-" else src, prefix_file)
+        outputs = translate_chunks(translator, chunks, opts, bar, cut, "stdin" if src == "-" else src, prefix_file)
         if out != "-":
             with terminate_as_interrupt():  # SIGTERM removes the temporary file, as Ctrl-C does
                 count = write_lines(Path(out), (line for rows in outputs for line in rows))

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seq2seq_cli.convert.output import check_output_dir, replacing_output
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD, UNK
-from seq2seq_cli.interop.output import check_output_dir, replacing_output
 from seq2seq_cli.layout import SOURCE_SPM, SOURCE_VOCAB, TARGET_SPM, TARGET_VOCAB, RunLayout
 
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
@@ -214,7 +214,7 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
                   force: bool = False) -> Path:
     """Convert a local Marian directory into a run directory (config.yaml, source.spm,
     target.spm, vocab.json, checkpoints/best and last); returns the run directory."""
-    from seq2seq_cli.config import save_config, validate_config
+    from seq2seq_cli.config_load import save_config, validate_config
     from seq2seq_cli.model.transformer import build_model
     from seq2seq_cli.run.checkpoint import (
         atomic_write_text,

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.convert.export import VMAP, convert_ctranslate2, run_vocabularies
 from seq2seq_cli.decode.search import Hypothesis, length_penalty, max_source_subwords, output_limits
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_dtype
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.interop.export import VMAP, convert_ctranslate2, run_vocabularies
 from seq2seq_cli.run.loaded import load_run
 
 COMPUTE_TYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -30,9 +30,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from seq2seq_cli.convert.export import check_quantization, convert_ctranslate2, run_vocabularies
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write
-from seq2seq_cli.interop.export import check_quantization, convert_ctranslate2, run_vocabularies
 from seq2seq_cli.languages import language_name
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run.checkpoint import resolve_checkpoint

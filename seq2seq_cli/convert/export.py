@@ -17,9 +17,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from seq2seq_cli.convert.output import check_output_dir, replacing_output
 from seq2seq_cli.data.tokenizer import all_pieces
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.interop.output import check_output_dir, replacing_output
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 from seq2seq_cli.run.checkpoint import resolve_checkpoint

@@ -1,0 +1,105 @@
+"""LibreTranslate's file routes of `seq2seq serve`: POST /translate_file (multipart: file,
+source, target, api_key -> {"translatedFileUrl"}) and GET /download_file/NAME. A file is
+translated by the documents wing as `translate -i FILE` translates it (`translate_bytes`), on
+the batcher's decoding thread in its turn (`Batcher.run_alone`), never beside a batch; the
+result waits in the server's `FileStore` for its one download.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import mimetypes
+from email.parser import BytesParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from seq2seq_cli.documents.detect import check_document, check_served_name, detect
+from seq2seq_cli.documents.translate import text_chars, translate_bytes
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.serve.parse import RequestError, answered, check_key, check_pair, queued, too_large
+from seq2seq_cli.serve.state import app_state
+from seq2seq_cli.serve.store import FILE_LIFETIME_S
+
+MAX_FILE_BYTES = 10 << 20  # bytes of an uploaded file; more are answered 413
+
+router = APIRouter()
+
+
+def multipart_fields(content_type: str, body: bytes) -> dict[str, Any]:
+    """The fields of a multipart/form-data body, in memory: name -> text, or (filename, bytes)
+    for a file."""
+    message = BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        raise ValueError("the body is not multipart/form-data")
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        payload = payload if isinstance(payload, bytes) else b""
+        filename = part.get_filename()
+        if isinstance(name, str):
+            fields[name] = (filename or "", payload) if filename is not None else payload.decode("utf-8", "replace")
+    return fields
+
+
+async def read_upload(request: Request) -> dict[str, Any]:
+    """The multipart fields of an upload, its size within MAX_FILE_BYTES (else 413)."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > MAX_FILE_BYTES + 65536:
+        raise too_large("file", f"{length} bytes of body", MAX_FILE_BYTES)
+    body = await request.body()
+    if len(body) > MAX_FILE_BYTES + 65536:
+        raise too_large("file", f"{len(body)} bytes of body", MAX_FILE_BYTES)
+    kind = request.headers.get("content-type", "")
+    try:
+        fields = multipart_fields(kind, body) if kind.lower().startswith("multipart/form-data") else None
+    except (ValueError, UnicodeError):
+        fields = None
+    if fields is None:
+        raise RequestError(400, "Invalid request: send the file as multipart/form-data (fields file, source, target)")
+    return fields
+
+
+@router.post("/translate_file")
+async def translate_file(request: Request) -> JSONResponse:
+    state = app_state(request)
+    fields = await read_upload(request)
+    check_key(state, fields, request)
+    for field in ("file", "source", "target"):
+        if fields.get(field) is None:
+            raise RequestError(400, f"Invalid request: missing {field} parameter")
+    check_pair(state, fields["source"], fields["target"])
+    upload = fields.get("file")
+    if not isinstance(upload, tuple):
+        raise RequestError(400, "Invalid request: file must be a file (a multipart part with a filename)")
+    name, data = upload
+    name = Path(name or "file").name
+    try:
+        check_served_name(name)
+        fmt = detect(name, data[:4096])
+        check_document(name, data, fmt)
+        chars = text_chars(fmt, data, name)
+    except UserError as exc:
+        raise RequestError(400, str(exc)) from None
+    if chars > state.settings.max_chars:
+        raise too_large("file", f"{chars} characters of text", state.settings.max_chars)
+    translator, splitter = state.translator, state.splitter
+    future = queued(lambda: state.batcher.run_alone(lambda: translate_bytes(translator, name, data, fmt, splitter)))
+    translated = await answered(state, future)
+    stored = state.files.put(name, translated)
+    return JSONResponse({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{stored}"})
+
+
+@router.get("/download_file/{stored}")
+async def download_file(request: Request, stored: str) -> Response:
+    data = app_state(request).files.take(stored)
+    if data is None:
+        raise RequestError(404, f"no translated file {stored!r} (each is downloaded once, within {FILE_LIFETIME_S:g} s)")
+    filename = stored.split(".", 1)[1]
+    return Response(data, media_type=mimetypes.guess_type(filename)[0] or "application/octet-stream",
+                    headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(filename)}"})
