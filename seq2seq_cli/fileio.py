@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.layout import RunLayout
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
@@ -265,3 +266,35 @@ def sha256(path: Path) -> str:
     """The hex sha256 of a file's bytes."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+# ---------------------------------------------------------------------------------- outputs
+# An output file is refused when writing it would destroy something the command needs or a
+# run holds: one of the command's inputs (the same path, a symbolic link to it or a hard link)
+# or a path the model's run owns (its tokenizer, config, lock, metrics, and everything in its
+# checkpoints, cache, plots and tensorboard directories: `RunLayout.owner_of`). A new file
+# beside them, such as RUN/test.hyp.en, is the user's and is written. Outputs are checked
+# before anything is translated.
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name the same file (after links), or would once `a` is written."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, what: str) -> None:
+    """Refuse writing `what` (e.g. "the translation") to `output` when it is one of `inputs`
+    (the flag naming each input -> its path) or is a path that `run_dir` (the model's run) owns."""
+    for flag, path in inputs.items():
+        if same_file(output, path):
+            raise UserError(f"{output}: is the {flag} file {path}; write {what} to another file")
+    if run_dir is not None:
+        owner = RunLayout(run_dir).owner_of(output)
+        if owner is not None:
+            part = owner.relative_to(run_dir) if owner != run_dir else "the run directory"
+            raise UserError(f"{output}: belongs to the model's run {run_dir} ({part}); write {what} to another file")

@@ -560,7 +560,7 @@ def test_one_function_owns_the_output_limit(run):
 def test_stdin_s_first_line_loses_its_byte_order_mark():
     import io
 
-    from seq2seq_cli.decode.files import stdin_chunks
+    from seq2seq_cli.documents.streams import stdin_chunks
 
     chunks = list(stdin_chunks(io.BytesIO("\ufeffhola\n\ufeffadiós\n".encode()), 10))  # no descriptor
     assert chunks == [["hola", "\ufeffadiós"]]

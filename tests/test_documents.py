@@ -15,7 +15,8 @@ from helpers import REPO, SHIPPED, headless_chromium, train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.lines import OutputOptions, translate_sentences, translate_stream
-from seq2seq_cli.documents.markup import Aligned, MarkupDocument
+from seq2seq_cli.documents.markup import MarkupDocument
+from seq2seq_cli.documents.placing import Aligned
 from seq2seq_cli.documents.sentences import Splitter, plan
 
 runner = CliRunner()

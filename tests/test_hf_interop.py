@@ -17,7 +17,8 @@ from conftest import REPO, SHIPPED, tiny_model
 from helpers import held_lock, snapshot
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.convert.hf import export_hf, import_marian
+from seq2seq_cli.convert.hf import export_hf
+from seq2seq_cli.convert.hf_import import import_marian
 from seq2seq_cli.data.tokenizer import load_tokenizers
 from seq2seq_cli.decode.search import beam_search, greedy_search
 from seq2seq_cli.errors import UserError

@@ -6,10 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from seq2seq_cli.decode.files import check_output
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import read_lines, write_lines
+from seq2seq_cli.fileio import check_output, read_lines, write_lines
 
 
 @dataclass

@@ -11,7 +11,8 @@ import io
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.documents.markup import Node, Unit, translate_aligned, word_sources
+from seq2seq_cli.documents.markup import translate_aligned
+from seq2seq_cli.documents.placing import Node, Unit, word_sources
 from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from seq2seq_cli.decode.constraints import Phrases
-from seq2seq_cli.decode.files import CHUNK_LINES, chunked
 from seq2seq_cli.decode.plots import plot_attention
 from seq2seq_cli.decode.prefixes import PrefixFile
 from seq2seq_cli.decode.search import Hypothesis, max_source_subwords
 from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.sentences import SplitPlan, Splitter, plan
+from seq2seq_cli.documents.streams import CHUNK_LINES, chunked
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import UNK
 

@@ -19,7 +19,8 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.documents.markup import Node, Unit, UnitBuilder, finish_unit, render_unit, translate_aligned
+from seq2seq_cli.documents.markup import UnitBuilder, finish_unit, translate_aligned
+from seq2seq_cli.documents.placing import Node, Unit, render_unit
 from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
 

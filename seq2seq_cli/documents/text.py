@@ -15,13 +15,13 @@ from typing import TextIO
 from tqdm import tqdm
 
 from seq2seq_cli.decode.ensemble import Ensemble
-from seq2seq_cli.decode.files import CHUNK_LINES, check_output, chunked, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.decode.prefixes import PrefixFile
 from seq2seq_cli.decode.search import max_source_subwords
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.lines import OutputOptions, translate_chunks
+from seq2seq_cli.documents.streams import CHUNK_LINES, chunked, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import check_text_file, iter_lines, write_lines
+from seq2seq_cli.fileio import check_output, check_text_file, iter_lines, write_lines
 
 PLOT_WARNING = 50  # sentences beyond which --attention-plots warns that it is slow
 

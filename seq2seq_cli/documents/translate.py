@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from seq2seq_cli.choices import DocumentFormat
-from seq2seq_cli.decode.files import check_output
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents import docx, odt
 from seq2seq_cli.documents.detect import SNIFF_BYTES, check_document, detect
@@ -20,7 +19,7 @@ from seq2seq_cli.documents.lines import OutputOptions, translate_sentences
 from seq2seq_cli.documents.markup import translate_markup
 from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write
+from seq2seq_cli.fileio import atomic_write, check_output
 
 LINE_OPTIONS = (("nbest", "--nbest"), ("scores", "--scores"), ("alignment", "--alignment"),
                 ("attention_plots", "--attention-plots"), ("terminology", "--constraints and --glossary"))

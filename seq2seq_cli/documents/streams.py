@@ -1,11 +1,6 @@
-"""The files of decoding: where an output may go, and stdin read as it arrives.
-
-An output file is refused when writing it would destroy something the command needs or a
-run holds: one of the command's inputs (the same path, a symbolic link to it or a hard
-link) or a path the model's run owns (its tokenizer, config, lock, metrics, and everything in
-its checkpoints, cache, plots and tensorboard directories: `RunLayout.owner_of`). A new file
-beside them, such as RUN/test.hyp.en, is the user's and is written. Outputs are checked before
-anything is translated.
+"""Lines of text read as they arrive, in chunks: a file's lines CHUNK_LINES at a time, and
+stdin answered as it arrives; the attention plots' folder; SIGTERM ending a translation as
+Ctrl-C does.
 
 Stdin is read in bytes and answered as it arrives: each chunk holds the complete lines
 already there (at least one, at most a chunk's worth), so a program that writes a line and
@@ -26,34 +21,10 @@ from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import BOM
-from seq2seq_cli.layout import RunLayout
 
 CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 
 STDIN = "<stdin>"
-
-
-def _same(a: Path, b: Path) -> bool:
-    """Whether two paths name the same file (after links), or would once `a` is written."""
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, what: str) -> None:
-    """Refuse writing `what` (e.g. "the translation") to `output` when it is one of `inputs`
-    (the flag naming each input -> its path) or is a path that `run_dir` (the model's run) owns."""
-    for flag, path in inputs.items():
-        if _same(output, path):
-            raise UserError(f"{output}: is the {flag} file {path}; write {what} to another file")
-    if run_dir is not None:
-        owner = RunLayout(run_dir).owner_of(output)
-        if owner is not None:
-            part = owner.relative_to(run_dir) if owner != run_dir else "the run directory"
-            raise UserError(f"{output}: belongs to the model's run {run_dir} ({part}); write {what} to another file")
 
 
 def decode_line(raw: bytes, number: int, name: str = STDIN) -> str:
