@@ -201,7 +201,7 @@ def test_line_options_are_refused_with_a_document_format(run_dir, tmp_path):
     page.write_text("<p>Hola</p>", encoding="utf-8")
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(page), "--format", "html", "--scores"])
     assert r.exit_code == 1
-    assert "--scores works line by line; --format html translates a whole document" in r.output
+    assert "--scores works line by line; an HTML document is translated whole" in r.output
 
 
 # ---------------------------------------------------------------------------------- files
@@ -228,9 +228,9 @@ def make_docx(path: Path | None = None) -> bytes:
 
 def fake_aligned(monkeypatch, reverse: bool = False) -> None:
     """docx translation by `identity` instead of the model, so that run placement is checked exactly."""
-    from seq2seq_cli.documents import docx as docfiles
+    from seq2seq_cli.documents import docx as docx_module
 
-    monkeypatch.setattr(docfiles, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
+    monkeypatch.setattr(docx_module, "translate_aligned", lambda translator, sentences: [identity(s, reverse) for s in sentences])
 
 
 def test_docx_runs_keep_their_formatting_on_their_words(monkeypatch):
@@ -360,11 +360,12 @@ def test_odt_spans_stay_around_their_words(monkeypatch):
 
 
 def test_an_odt_translated_by_the_model_keeps_its_structure(run_dir):
-    from seq2seq_cli.documents.docx import text_chars, translate_bytes
+    from seq2seq_cli.choices import DocumentFormat
+    from seq2seq_cli.documents.translate import text_chars, translate_bytes
 
     tr = Translator.load(run_dir, "cpu", {"no_repeat_ngram_size": 1})  # the tiny run repeats one piece; this makes words
     source = make_odt()
-    out = translate_bytes(tr, "doc.odt", source, ES)
+    out = translate_bytes(tr, "doc.odt", source, DocumentFormat.odt, ES)
     tags, texts, bold = odt_shape(out)
     assert tags == odt_shape(source)[0] and all(t.strip() for t in texts)
     assert len(bold) == 1 and bold[0].strip()  # the bold span holds output words
@@ -374,7 +375,7 @@ def test_an_odt_translated_by_the_model_keeps_its_structure(run_dir):
     flat = texts[1].replace("\t", " ").split()
     split = ES.split(" ".join(odt_shape(source)[1][1].split()))
     assert flat == split.join(tr.translate(split.sentences)).split()
-    assert text_chars(".odt", source) == sum(len(" ".join(t.split())) for t in odt_shape(source)[1])
+    assert text_chars(DocumentFormat.odt, source) == sum(len(" ".join(t.split())) for t in odt_shape(source)[1])
 
 
 BAD_FILES = {
@@ -543,7 +544,7 @@ def test_translate_an_odt_on_the_command_line(run_dir, tmp_path):
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(tmp_path / "bad.odt"), "-o", str(out)])
     assert r.exit_code == 1 and "bad.odt: not an .odt file (an .odt is a zip archive; this is not one)" in r.output
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--scores"])
-    assert r.exit_code == 1 and "--scores works line by line; --format odt translates a whole document" in r.output
+    assert r.exit_code == 1 and "--scores works line by line; an .odt document is translated whole" in r.output
 
 
 def test_every_bad_file_is_documented():
@@ -570,3 +571,45 @@ def test_a_browser_loads_a_translated_page(run_dir, tmp_path):
         assert browser.execute_script("return document.querySelector('#p a').getAttribute('href')") == "#x"
     finally:
         browser.quit()
+
+
+def test_translate_and_translate_file_give_one_page_the_same_output(client, run_dir, tmp_path):
+    """One detection and one HTML path: `translate -i page.html` (no --format) writes what
+    /translate_file answers for the same page."""
+    c, _ = client
+    page = ("<!DOCTYPE html>\n<html><head><title>Génesis</title></head><body>\n<h1>El principio</h1>\n"
+            "<p>En el principio creó Dios los cielos y la tierra. <b>Y la tierra</b> estaba desordenada.</p>\n"
+            "</body></html>\n")
+    src, out = tmp_path / "page.html", tmp_path / "page.en.html"
+    src.write_text(page, encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--engine", "torch", "--beam-size", "2", "-i", str(src),
+                            "-o", str(out), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    served = c.post("/translate_file", files={"file": ("page.html", page.encode())}, data={"source": "es", "target": "en"})
+    assert served.status_code == 200, served.json()
+    got = c.get(served.json()["translatedFileUrl"].removeprefix("http://testserver"))
+    assert got.content == out.read_bytes()
+    assert "<b>" in got.text and "El principio" not in got.text  # translated as HTML, not as lines of text
+    named = tmp_path / "page.txt"  # a page whatever its name says: detected by its content
+    named.write_text(page, encoding="utf-8")
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--engine", "torch", "--beam-size", "2", "-i", str(named),
+                            "-o", str(tmp_path / "named.out"), "--device", "cpu"])
+    assert r.exit_code == 0 and (tmp_path / "named.out").read_bytes() == out.read_bytes()
+
+
+@pytest.mark.parametrize("flags, fields", [
+    (["--beam-size", "5000"], {"beam_size": 5000}),
+    (["--nbest", "3", "--beam-size", "2"], {"nbest": 3, "beam_size": 2}),
+    (["--min-len", "30", "--max-len-a", "0", "--max-len-b", "5"], {"min_len": 30, "max_len_a": 0, "max_len_b": 5}),
+])
+def test_the_command_line_and_the_server_refuse_a_bad_value_with_the_same_line(client, run_dir, flags, fields):
+    """The decoding rules live in one place: the same bad value gets the same message, each
+    naming the option as its user gives it (a flag, a field)."""
+    c, _ = client
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "--engine", "torch", "--device", "cpu", *flags], input="hola\n")
+    assert r.exit_code == 1 and r.stderr.startswith("error: ")
+    cli_line = r.stderr.strip().removeprefix("error: ")
+    served = c.post("/v1/translate", json={"q": "hola", **fields})
+    assert served.status_code == 400
+    as_fields = re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), cli_line)
+    assert served.json()["error"] == as_fields

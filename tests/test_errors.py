@@ -519,9 +519,9 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "flag-missing-required": (lambda ws: ["translate"], ["Missing option '--model'"], 2),
     # documents
     "format-unknown": (lambda ws: ["translate", "-m", ws / "run", "--format", "pdf"],
-                       ["--format 'pdf': expected text, html or xml"], 1),
+                       ["Invalid value for '--format': 'pdf' is not one of 'auto', 'text', 'html', 'xml', 'docx', 'odt'"], 2),
     "format-line-option": (lambda ws: ["translate", "-m", ws / "run", "--format", "html", "--alignment"],
-                           ["--alignment works line by line; --format html translates a whole document (leave it out)"], 1),
+                           ["--alignment works line by line; an HTML document is translated whole (leave it out)"], 1),
     "format-xml-broken": (lambda ws: ["translate", "-m", ws / "run", "-i", text_file(ws, "bad.xml", "<a>\n<b></a>\n"), "--format", "xml"],
                           ["bad.xml:2: not well-formed XML (Opening and ending tag mismatch: b line 2 and a"], 1),
 }

@@ -46,7 +46,7 @@ def report_usage_error(exc: Exception) -> int:
         return 1
     where = f"{ctx.command_path}: " if ctx is not None else ""
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    message = " ".join(exc.format_message().replace("Value error, ", "").split())  # type: ignore[attr-defined]
     typer.echo(f"error: {where}{message}{hint}", err=True)
     return int(getattr(exc, "exit_code", 2))
 

@@ -34,7 +34,6 @@ from seq2seq_cli.errors import UserError
 if TYPE_CHECKING:
     from seq2seq_cli.decode.translate import Translator
 
-FORMATS = ("text", "html", "xml")
 INLINE_HTML = frozenset(
     "a abbr b bdi bdo big cite data del dfn em font i ins label mark nobr q rp rt ruby s small span strike strong sub "
     "sup time tt u".split())

@@ -21,6 +21,8 @@ from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_output
 
+KINDS = {DocumentFormat.html: "an HTML", DocumentFormat.xml: "an XML", DocumentFormat.docx: "a .docx",
+         DocumentFormat.odt: "an .odt"}
 LINE_OPTIONS = (("nbest", "--nbest"), ("scores", "--scores"), ("alignment", "--alignment"),
                 ("attention_plots", "--attention-plots"), ("terminology", "--constraints and --glossary"))
 
@@ -30,9 +32,9 @@ def check_document_options(fmt: DocumentFormat, opts: OutputOptions, prefix: Pat
     for name, flag in LINE_OPTIONS:
         value = getattr(opts, name)
         if (value != 1) if name == "nbest" else (value is not None and value is not False):
-            raise UserError(f"{flag} works line by line; a {fmt.value} document is translated whole (leave it out)")
+            raise UserError(f"{flag} works line by line; {KINDS[fmt]} document is translated whole (leave it out)")
     if prefix is not None:
-        raise UserError(f"--prefix works line by line; a {fmt.value} document is translated whole (leave it out)")
+        raise UserError(f"--prefix works line by line; {KINDS[fmt]} document is translated whole (leave it out)")
 
 
 def input_format(src: str, given: DocumentFormat) -> DocumentFormat:
