@@ -62,3 +62,27 @@ def test_configuration_page_lists_every_config_key():
         keys = set(schema.model_fields) | ({f"train[].{k}" for k in CorpusConfig.model_fields} if title == "data" else set())
         missing += [f"{title}: {key}" for key in sorted(keys - listed)]
     assert not missing, "config keys docs/configuration.md does not list:\n" + "\n".join(missing)
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors of a Markdown page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"(?ms)^```.*?^```", "", text), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_between_the_docs_resolve():
+    """Every relative link of the README, bench/README.md and docs/*.md names a file that exists,
+    and its #anchor a heading of that file, so moving a section cannot strand its links."""
+    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text(encoding="utf-8")):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
