@@ -271,7 +271,7 @@ def test_argos_package_installs_and_translates_offline_as_ours(run_dir, tmp_path
     assert got["beam4"] == ours["beam4"], (text, got, ours)
 
 
-# Put first on the path of the README's snippet: every network connection is refused and
+# Put first on the path of docs/interop.md's snippet: every network connection is refused and
 # recorded in the file $NETWORK_LOG.
 REFUSE_NETWORK = r"""
 import os, socket
@@ -285,15 +285,15 @@ socket.getaddrinfo = refuse
 
 
 def test_readme_argos_snippet_fetches_nothing(run_dir, tmp_path):
-    """The README's snippet, run as written on the package `export` wrote, translates without
+    """docs/interop.md's snippet, run as written on the package `export` wrote, translates without
     a network connection tried and without an error printed."""
     import os
     import shlex
     import subprocess
     import sys
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = next(b for b in readme.split("```")[1::2] if "install_from_path" in b)
+    page = (REPO / "docs" / "interop.md").read_text(encoding="utf-8")
+    block = next(b for b in page.split("```")[1::2] if "install_from_path" in b)
     export_line, snippet = block.strip().split("\n", 1)
     assert export_line.startswith("seq2seq export --model runs/quickstart --format argos es_en.argosmodel")
     *assignments, python, flag, code = shlex.split(snippet)

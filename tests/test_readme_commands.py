@@ -1,6 +1,7 @@
-"""The README and the CLI cannot drift apart: every `seq2seq ...` line of the README's command list
-and of its quick start parses against the CLI (options, their values, the number of arguments),
-and the quick-start block is what scripts/quickstart.sh runs. (CI also runs the script itself.)"""
+"""The docs and the CLI cannot drift apart: every `seq2seq ...` line in a code block of the README
+and of docs/*.md parses against the CLI (options, their values, the number of arguments), the
+README's command list names every command, and its quick-start block is what
+scripts/quickstart.sh runs. (CI also runs the script itself.)"""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from seq2seq_cli.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+PAGES = {"README.md": README} | {f"docs/{p.name}": p.read_text(encoding="utf-8") for p in sorted((REPO / "docs").glob("*.md"))}
 
 
 def code_blocks(text: str) -> list[str]:
@@ -31,13 +33,14 @@ def command_list_block() -> str:
 
 
 def as_written(line: str) -> list[str]:
-    """A README line as a user would type it: its comment dropped, optional `[...]` parts left out,
-    the first of `a|b` alternatives taken; '-' (stdin) kept."""
+    """A documented line as a user would type it: its comment dropped, optional `[...]` parts left
+    out, the first of `a|b` alternatives taken, what follows a shell operator (`&`, `>`) left out;
+    '-' (stdin) kept."""
     line = line.split(" #", 1)[0]
     line = re.sub(r"\[[^\]]*\]", "", line)
     words = []
     for word in shlex.split(line):
-        if word == "|":  # `--config X | --model Y`: the first form
+        if word in ("|", "&", "&&", ";", ">", ">>"):  # `--config X | --model Y`: the first form; `serve ... &`
             break
         words.append(word if word == "-" or "|" not in word else word.split("|", 1)[0])
     return words
@@ -59,14 +62,25 @@ def parse(words: list[str]) -> typer.Context:
 
 
 def seq2seq_lines(block: str) -> list[str]:
-    return [line.strip() for line in block.splitlines() if line.strip().startswith("seq2seq ")] + [
-        line.split("|", 1)[1].strip() for line in block.splitlines() if "| seq2seq " in line]
+    lines = re.sub(r"\\\n\s*", " ", block).splitlines()  # a command continued with a backslash is one line
+    return [line.strip() for line in lines if line.strip().startswith("seq2seq ")] + [
+        "seq2seq " + line.split("| seq2seq ", 1)[1].strip() for line in lines if "| seq2seq " in line]
 
 
-@pytest.mark.parametrize("line", seq2seq_lines(command_list_block()) + seq2seq_lines(quick_start_block()))
-def test_each_readme_command_parses(line):
+def documented_lines() -> list[tuple[str, str]]:
+    """(page, line) for every `seq2seq ...` line in a code block of the README and of docs/*.md."""
+    return [(page, line) for page, text in PAGES.items() for block in code_blocks(text) for line in seq2seq_lines(block)]
+
+
+@pytest.mark.parametrize(("page", "line"), documented_lines())
+def test_each_documented_command_parses(page, line):
     ctx = parse(as_written(line))
-    assert ctx.command.name == as_written(line)[1]
+    assert ctx.command.name == as_written(line)[1], page
+
+
+def test_the_command_list_and_the_quick_start_are_checked():
+    checked = {line for _, line in documented_lines()}
+    assert set(seq2seq_lines(command_list_block())) <= checked and set(seq2seq_lines(quick_start_block())) <= checked
 
 
 def test_the_check_catches_a_drifted_command():
