@@ -573,10 +573,22 @@ def test_a_browser_loads_a_translated_page(run_dir, tmp_path):
         browser.quit()
 
 
-def test_translate_and_translate_file_give_one_page_the_same_output(client, run_dir, tmp_path):
+@pytest.fixture(scope="module")
+def served(run_dir):
+    """A server of the module's run at beam 2, its own (the `client` fixture's store is closed by a test)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from seq2seq_cli.serve.app import ServeSettings, create_app
+
+    with TestClient(create_app(Translator.load(run_dir, "cpu", {"beam_size": 2}), ServeSettings())) as c:
+        yield c
+
+
+def test_translate_and_translate_file_give_one_page_the_same_output(served, run_dir, tmp_path):
     """One detection and one HTML path: `translate -i page.html` (no --format) writes what
     /translate_file answers for the same page."""
-    c, _ = client
+    c = served
     page = ("<!DOCTYPE html>\n<html><head><title>Génesis</title></head><body>\n<h1>El principio</h1>\n"
             "<p>En el principio creó Dios los cielos y la tierra. <b>Y la tierra</b> estaba desordenada.</p>\n"
             "</body></html>\n")
@@ -602,10 +614,10 @@ def test_translate_and_translate_file_give_one_page_the_same_output(client, run_
     (["--nbest", "3", "--beam-size", "2"], {"nbest": 3, "beam_size": 2}),
     (["--min-len", "30", "--max-len-a", "0", "--max-len-b", "5"], {"min_len": 30, "max_len_a": 0, "max_len_b": 5}),
 ])
-def test_the_command_line_and_the_server_refuse_a_bad_value_with_the_same_line(client, run_dir, flags, fields):
+def test_the_command_line_and_the_server_refuse_a_bad_value_with_the_same_line(served, run_dir, flags, fields):
     """The decoding rules live in one place: the same bad value gets the same message, each
     naming the option as its user gives it (a flag, a field)."""
-    c, _ = client
+    c = served
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "--engine", "torch", "--device", "cpu", *flags], input="hola\n")
     assert r.exit_code == 1 and r.stderr.startswith("error: ")
     cli_line = r.stderr.strip().removeprefix("error: ")
