@@ -238,7 +238,11 @@ def evaluate(
         from seq2seq_cli.documents.sentences import Splitter
 
         translate = functools.partial(translate_sentences, translator.translate, splitter=Splitter(translator.languages[0]))
-    scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output, translate=translate)
+    scores = run_evaluation(ref, src=src, hyp=hyp, translator=translator, output=output, translate=translate,
+                            split=translate is not None)
+    if scores.split is not None:
+        typer.echo("source lines cut into sentences, their translations joined back (--no-split: one line, one sentence)"
+                   if scores.split else "each source line translated as one sentence (--no-split)", err=True)
     if as_json:
         typer.echo(json.dumps(scores.as_dict()))
     else:

@@ -20,6 +20,7 @@ class Scores:
     bleu_signature: str
     chrf_signature: str
     sentences: int
+    split: bool | None = None  # whether the source lines were cut into sentences to translate; None: scored --hyp
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -28,6 +29,7 @@ class Scores:
             "bleu_signature": self.bleu_signature,
             "chrf_signature": self.chrf_signature,
             "sentences": self.sentences,
+            "split": self.split,
         }
 
 
@@ -56,12 +58,14 @@ def evaluate(
     translator: Translator | None = None,
     output: Path | None = None,
     translate: Callable[[list[str]], list[str]] | None = None,
+    split: bool = False,
 ) -> Scores:
     """Score `hyp` against `ref`, or translate `src` with `translator` first (writing the
     hypotheses to `output` when given). An `output` that is one of the inputs, or lies in the
     model's run directory, is refused before anything is translated. `translate` turns the
     source lines into their translations (default: the translator's, one sentence per line;
-    the command line gives one that cuts lines into sentences and joins them back)."""
+    the command line gives one that cuts lines into sentences and joins them back, and says so
+    with `split`, which the scores record)."""
     if output is not None and hyp is not None:
         raise UserError(f"-o {output}: --output writes the translations of --src; with --hyp {hyp} there is nothing "
                         "to translate (leave out -o)")
@@ -88,4 +92,7 @@ def evaluate(
             write_lines(output, hyps)
     if len(hyps) != len(refs):
         raise UserError(f"{other} has {len(hyps)} lines but {ref} has {len(refs)}; they must be aligned")
-    return score(hyps, refs)
+    scores = score(hyps, refs)
+    if hyp is None:
+        scores.split = split
+    return scores

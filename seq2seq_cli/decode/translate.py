@@ -184,26 +184,11 @@ class Translator:
         todo = [i for i, line in enumerate(lines) if line.strip()]
         blank = [i for i, line in enumerate(lines) if not line.strip()]
         if blank:  # not translated: the empty output, with the model's score for it
-            empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
-            src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
-            if prefixes:
-                found = search(self.model, src, empty, 1, prefixes=[prefixes[i] for i in blank])
-            else:
-                found = search(self.model, src, empty, 1)
-            for i, hyps in zip(blank, found):
+            for i, hyps in zip(blank, self.blank_hypotheses(len(blank), prefixes and [prefixes[i] for i in blank])):
                 out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
-        # Lines with constraints and lines without are batched apart: a batch then runs one
-        # search, not both, each with its own steps.
-        groups = [todo] if not constraints else [[i for i in todo if constraints[i]], [i for i in todo if not constraints[i]]]
-        batches = []
-        for group in groups:
-            if len(group) == 1:  # a lone line (a request of one sentence): one batch, nothing to plan
-                batches.append(group)
-                continue
-            lens = np.array([len(ids[i]) for i in group], dtype=np.int64)
-            batches += [[group[j] for j in batch] for batch in token_batches(lens, lens, d.batch_tokens)]
+        batches = self.plan_batches(todo, ids, constraints)
 
         def decode(batch: list[int]) -> None:
             held = [i for i in batch if constraints and constraints[i]]
@@ -233,28 +218,55 @@ class Translator:
             if progress is not None:
                 progress.update(len(batch))
 
+        self.run_batches(batches, decode, engine is not None)
+        return out
+
+    def blank_hypotheses(self, count: int, prefixes: list[list[int]] | None) -> list[list[Hypothesis]]:
+        """The hypotheses of `count` blank lines: the empty output (or the line's prefix alone),
+        with the model's score for it."""
+        d = self.decode
+        empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
+        src = pad_batch([[EOS]] * count, [], []).to(self.device)
+        if prefixes:
+            return search(self.model, src, empty, 1, prefixes=prefixes)
+        return search(self.model, src, empty, 1)
+
+    def plan_batches(self, todo: list[int], ids: list[list[int]], constraints: list[Phrases] | None) -> list[list[int]]:
+        """The lines `todo` (indices into `ids`) cut into batches by the source-token budget, sorted
+        by length. Lines with constraints and lines without are batched apart: a batch then runs
+        one search, not both, each with its own steps."""
+        groups = [todo] if not constraints else [[i for i in todo if constraints[i]], [i for i in todo if not constraints[i]]]
+        batches = []
+        for group in groups:
+            if len(group) == 1:  # a lone line (a request of one sentence): one batch, nothing to plan
+                batches.append(group)
+                continue
+            lens = np.array([len(ids[i]) for i in group], dtype=np.int64)
+            batches += [[group[j] for j in batch] for batch in token_batches(lens, lens, self.decode.batch_tokens)]
+        return batches
+
+    def run_batches(self, batches: list[list[int]], decode: Callable[[list[int]], None], by_engine: bool) -> None:
+        """`decode` each batch, using the CPU's threads: an engine uses the threads itself, on each
+        batch; on CPU our searches decode batches side by side, one thread each: the matrices of a
+        decoding step are too small to keep several threads busy on one of them, and their
+        handshakes at every op cost more than they save (a lone sentence too decodes on one)."""
         threads = torch.get_num_threads()
-        # An engine uses the threads itself, on each batch.
-        if self.device.type != "cpu" or threads == 1 or engine:
+        if self.device.type != "cpu" or threads == 1 or by_engine:
             for rows in batches:
                 decode(rows)
-            return out
-        # On CPU the threads decode batches side by side, one thread each: the matrices of a
-        # decoding step are too small to keep several threads busy on one of them, and their
-        # handshakes at every op cost more than they save (a lone sentence too decodes on one).
+            return
         batches = spread(batches, threads)
         if len(batches) <= 1:  # one batch, or none (blank lines only)
             with one_thread():
                 for rows in batches:
                     decode(rows)
-            return out
+            return
         pool = ThreadPoolExecutor(min(threads, len(batches)), initializer=torch.set_num_threads, initargs=(1,))
         try:
             list(pool.map(decode, batches))
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # stopped (Ctrl-C, SIGTERM): no batch waiting starts
             torch.set_num_threads(threads)
-        return out
 
     def word_start(self) -> Tensor:
         """(V,) the target tokens that begin a word or hold no letter or digit (see
