@@ -9,8 +9,8 @@ limit; an output that reaches its own sentence's limit, or holds a token our sea
 (padding, the decoder start token), is decoded again by our search. So are sentences with a
 forced prefix or constraints, and sampling, the gnmt length penalty, n-gram bans, ban_unk, a
 minimum length and n-best lists, which CTranslate2 does otherwise (`CTranslate2Engine.why_not`).
-With `--shortlist` the run's shortlist is CTranslate2's vocabulary map (`use_vmap`). Compute type: float32, or int8 with `--quantize int8`; on
-CUDA, float16 or bfloat16 as `--precision` says.
+With `--shortlist` the run's shortlist is CTranslate2's vocabulary map (`use_vmap`). Compute
+type: float32, or int8 with `--quantize int8`; on CUDA, float16 or bfloat16 as `--precision` says.
 
 Threads: CTranslate2 takes the CPU threads, torch keeps one (`claim_threads`). On a CPU with
 N > 1 threads the engine holds the model twice: one translator decodes a lone sentence on N
