@@ -135,6 +135,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--paragraphs", type=int, default=0, help="only the first N paragraphs (0 = all)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--clause-words", type=int, default=None,
+                    help="cut sentences of more words into clauses (0: never); default the splitter's own")
+    ap.add_argument("--no-html", action="store_true", help="leave out the HTML round")
     args = ap.parse_args()
 
     data = REPO / "data" / "bible-es-en"
@@ -148,7 +151,8 @@ def main() -> None:
     verses = [i for g in groups for i in g]
     overrides = {} if args.beam_size is None else {"beam_size": args.beam_size}
     translator = Translator.load(args.model, "cpu", overrides)
-    splitter = Splitter(translator.languages[0])
+    clause = {} if args.clause_words is None else {"clause_words": args.clause_words or None}
+    splitter = Splitter(translator.languages[0], **clause)
     figures: dict[str, object] = {"data": args.split, "paragraph_count": len(groups), "verse_count": len(verses),
                                   "beam_size": translator.decode.beam_size, "cpu": cpu()}
     timings = {}
@@ -168,7 +172,9 @@ def main() -> None:
     figures["verses_per_line"] = score([verse_hyps[i] for i in verses], [tgt[i] for i in verses])
     figures["split_over_verses"] = round(figures["split"]["bleu"] / max(1e-9, figures["verses"]["bleu"]), 3)  # type: ignore[index]
     figures["seconds"] = {k: round(v, 1) for k, v in timings.items()}
-    figures["html"] = html_round(translator, splitter, paras, split, para_refs, rng)
+    figures["clause_words"] = splitter.clause_words
+    if not args.no_html:
+        figures["html"] = html_round(translator, splitter, paras, split, para_refs, rng)
     print(json.dumps(figures, indent=1))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
