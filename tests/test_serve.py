@@ -190,7 +190,7 @@ def test_serve_with_the_shortlist_answers_as_translate_with_it(run_dir, tmp_path
         assert got == translate_cli(run_dir, tmp_path, lines, "--beam-size", "3", "--shortlist")
     finally:
         s.stop()
-    assert "(es -> en, shortlist) on http://" in s.log.read_text()
+    assert "(es -> en, our searches, shortlist) on http://" in s.log.read_text()
 
 
 def test_alternatives_are_the_nbest_of_translate(server, run_dir, tmp_path):
@@ -321,7 +321,7 @@ BAD = {
                               "Invalid request: prefix of line 1: the prefix has 1800 target pieces; the model's outputs "
                               "hold at most 254"),
     "serve-nbest-beam": ("/v1/translate", {"q": "hola", "nbest": 5}, "application/json", 400,
-                         "nbest 5 is larger than beam_size 3; raise beam_size"),
+                         "nbest 5 is larger than the beam size 3; raise beam_size"),
     "serve-too-many-lines": ("/translate", {"q": ["uno"] * 41, "source": "es", "target": "en"}, "application/json", 413,
                              "request too large: 41 lines, the limit is 40"),
     "serve-too-many-chars": ("/translate", {"q": "a" * 3001, "source": "es", "target": "en"}, "application/json", 413,
