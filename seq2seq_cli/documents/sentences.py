@@ -4,7 +4,9 @@ A model learns sentences; a line of a user's file is often a paragraph. Each lin
 sentences by `sentencex` (Wikimedia's splitter: rules and abbreviation lists for ~300
 languages, no model to download), the sentences of a whole chunk are translated as one batch,
 and each line's translations are joined back with the line's own spacing between them, one
-output line per input line. A line that is one sentence is translated exactly as before.
+output line per input line. A line that is one sentence is translated exactly as before. A
+number's period before an ordinal indicator or a lowercase word ("el 2.º", "la 1.ª", "el
+3.er") ends no sentence: sentencex cuts there, and the cut is taken back.
 
 The splitter was chosen by measuring on the shipped Spanish validation verses (two verses of
 a chapter joined with a space: is the boundary between them found; and how often is a single
@@ -16,8 +18,12 @@ ends many verses); sentencex is by far the fastest and covers the most languages
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+ORDINAL_END = re.compile(r"\d\.\s*$")  # a segment ending in a number's period
+ORDINAL_NEXT = re.compile(r"\s*[ºª°a-zß-öø-ÿ]")  # ... and the next one starting like "º", "ª", "er" (lowercase)
 
 
 @dataclass
@@ -69,7 +75,7 @@ class Splitter:
         sentences: list[str] = []
         gaps: list[str] = []
         pos = 0
-        for segment in sentencex.segment(self.language, text):
+        for segment in _ordinals_joined(sentencex.segment(self.language, text)):
             core = segment.strip()
             if not core:
                 continue
@@ -88,6 +94,19 @@ class Splitter:
             pos = start + len(core)
         gaps.append(text[pos:])
         return Split(sentences, gaps)
+
+
+def _ordinals_joined(segments: Iterable[str]) -> list[str]:
+    """Segments with a cut after a number's period joined again where what follows is an
+    ordinal indicator or a lowercase word: "2.º", "1.ª", "3.er" (Spanish, Portuguese, Galician)
+    end no sentence."""
+    out: list[str] = []
+    for segment in segments:
+        if out and ORDINAL_END.search(out[-1]) and ORDINAL_NEXT.match(segment):
+            out[-1] += segment
+        else:
+            out.append(segment)
+    return out
 
 
 @dataclass
