@@ -311,3 +311,37 @@ def test_every_damaged_file_is_documented():
     assert set(rows) == set(DAMAGED)
     for case, (_, _, message) in DAMAGED.items():
         assert rows[case].startswith(message.split(" (damaged: ")[0]), case
+
+
+LOL = "".join(f'<!ENTITY lol{i} "{(f"&lol{i - 1};" if i > 1 else "lol") * 10}">' for i in range(1, 10))
+HOSTILE_MARKUP = {
+    "external entity": '<?xml version="1.0"?><!DOCTYPE d [<!ENTITY x SYSTEM "file://{secret}">]><d><p>Hola &x; mundo.</p></d>',
+    "xinclude": '<?xml version="1.0"?><d xmlns:xi="http://www.w3.org/2001/XInclude"><p>Hola.</p>'
+                '<xi:include href="{secret}" parse="text"/></d>',
+    "billion laughs": f'<?xml version="1.0"?><!DOCTYPE d [{LOL}]><d><p>a &lol9; b</p></d>',
+}
+
+
+@pytest.mark.parametrize("fmt", [DocumentFormat.xml, DocumentFormat.html])
+@pytest.mark.parametrize("case", sorted(HOSTILE_MARKUP))
+def test_entities_and_includes_are_never_resolved(capitals, tmp_path, fmt, case):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRETO", encoding="utf-8")
+    data = HOSTILE_MARKUP[case].replace("{secret}", str(secret)).encode()
+    try:
+        out = translate_bytes(None, "x", data, fmt, ES)  # type: ignore[arg-type]
+    except UserError as exc:  # libxml2's limit on entity amplification: one line
+        assert "\n" not in str(exc) and case == "billion laughs"
+        return
+    assert b"SECRETO" not in out and len(out) < 4 * len(data)
+
+
+def test_an_entry_named_outside_the_archive_is_never_written_there(capitals, tmp_path):
+    inside = tmp_path / "a" / "b"
+    inside.mkdir(parents=True)
+    source = zipfile.ZipFile(io.BytesIO(hf.odt_document()))
+    parts: dict[str, str | bytes] = {n: source.read(n) for n in source.namelist()}
+    parts["../../escaped.txt"] = b"x"
+    out = translate_bytes(None, "slip.odt", hf.zipped(parts), DocumentFormat.odt, ES)  # type: ignore[arg-type]
+    assert "../../escaped.txt" in zipfile.ZipFile(io.BytesIO(out)).namelist()  # kept as an entry, never extracted
+    assert not any(p.name == "escaped.txt" for p in tmp_path.rglob("*"))
