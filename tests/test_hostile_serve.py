@@ -187,8 +187,12 @@ class Server:
 def server(run_dir, tmp_path_factory):
     s = Server(run_dir, tmp_path_factory.mktemp("hostile-server"))
     yield s
-    s.proc.kill()
-    s.proc.wait()
+    s.proc.terminate()  # SIGTERM: the server removes its folder of files as it ends
+    try:
+        s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        s.proc.wait()
 
 
 UPLOAD = ["POST /translate_file HTTP/1.1", "Content-Type: multipart/form-data; boundary=b"]
