@@ -14,7 +14,9 @@ unknown subword are candidates too.
 
 It is written to RUN/shortlist.tsv in CTranslate2's vocabulary-map format, one line per
 source subword, `piece<TAB>piece piece ...`, the always-candidates first on a line whose key
-is empty; `export --format ctranslate2` ships it as the model's vmap.txt.
+is empty, and last a line `<shortlist-end:lines=N><TAB></s>` saying how many lines came before
+it, so that a file cut short is known (its key is no source subword: CTranslate2 never uses
+it); `export --format ctranslate2` ships it as the model's vmap.txt.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from seq2seq_cli.ids import EOS, UNK
 
 BEST = 50  # target subwords kept per source subword
 FREQUENT = 100  # commonest target subwords, always candidates
+END = "<shortlist-end:lines="  # the key of a file's last line, "<shortlist-end:lines=N>": N lines came before it
 MAX_PAIRS = 2_000_000  # pairs counted (the first ones); the counts settle long before
 CHUNK = 20_000  # pairs per sparse product
 
@@ -129,42 +132,68 @@ def _presence(chunk: list[tuple[Sequence[int], Sequence[int]]], side: int, size:
 
 
 def write(shortlist: Shortlist, path: Path, src_piece: Sequence[str], tgt_piece: Sequence[str]) -> None:
-    """Write `shortlist` to `path` (atomically) in CTranslate2's vocabulary-map format."""
+    """Write `shortlist` to `path` (atomically) in CTranslate2's vocabulary-map format, ended by
+    the END line that says how many lines come before it."""
     lines = ["\t" + " ".join(tgt_piece[i] for i in shortlist.always.tolist())]
     offsets = shortlist.offsets.tolist()
     targets = shortlist.targets.tolist()
     for s in range(len(offsets) - 1):
         if offsets[s + 1] > offsets[s] and src_piece[s].strip():
             lines.append(src_piece[s] + "\t" + " ".join(tgt_piece[t] for t in targets[offsets[s]:offsets[s + 1]]))
+    lines.append(f"{END}{len(lines)}>\t{tgt_piece[EOS]}")
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def read(path: Path, src_ids: dict[str, int], tgt_ids: dict[str, int]) -> Shortlist:
     """Read a shortlist file; UserError naming the file and line where it is not one of this
-    run's vocabularies."""
+    run's vocabularies, or not whole: empty, cut short (no END line counting the lines before
+    it, or a last line without its newline), a blank line (which CTranslate2 reads as no
+    always-candidates), a first line that is not the always-candidates with the end of
+    sentence among them, a source subword without targets. CTranslate2 is given the file
+    only once it is read here: it crashes on a file cut short."""
     per_source: dict[int, list[int]] = {}
     always: list[int] = [EOS, UNK]
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read the shortlist ({exc})") from None
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    again = "delete it and seq2seq train --resume writes it again"
+    if not text.strip():
+        raise UserError(f"{path}: the shortlist is empty; {again}")
+    if not text.endswith("\n"):
+        raise UserError(f"{path}, line {len(lines)}: cut short (the last line has no newline); {again}")
+    blank = end = None
+    first_ok = False
+    for n, line in enumerate(lines, 1):
         if not line:
+            blank = blank or n
             continue
         key, tab, values = line.partition("\t")
         if not tab:
             raise UserError(f"{path}, line {n}: expected a source subword, a tab and target subwords")
+        if key.startswith(END):
+            end = end or (n, key)
+            continue
         targets = []
         for piece in values.split():
             if piece not in tgt_ids:
                 raise UserError(f"{path}, line {n}: {piece!r} is not in the run's target vocabulary")
             targets.append(tgt_ids[piece])
+        if n == 1:
+            first_ok = not key and EOS in targets
         if not key:
             always += targets
         elif key in src_ids:
+            if not targets:
+                raise UserError(f"{path}, line {n}: {key!r} has no target subwords after its tab")
             per_source.setdefault(src_ids[key], []).extend(targets)
         else:
             raise UserError(f"{path}, line {n}: {key!r} is not in the run's source vocabulary")
+    if not first_ok:
+        raise UserError(f"{path}, line 1: expected the always-candidates first (a tab, then target subwords, "
+                        "the end of sentence among them)")
+    _check_whole(path, lines, blank, end, again)
     counts = [0] * (max(src_ids.values(), default=-1) + 1)
     flat: list[int] = []
     for s in sorted(per_source):
@@ -172,3 +201,17 @@ def read(path: Path, src_ids: dict[str, int], tgt_ids: dict[str, int]) -> Shortl
         flat += per_source[s]
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0)])
     return Shortlist(offsets, torch.tensor(flat, dtype=torch.int64), torch.tensor(always, dtype=torch.int64).unique())
+
+
+def _check_whole(path: Path, lines: list[str], blank: int | None, end: tuple[int, str] | None, again: str) -> None:
+    """The shortlist `path` (its `lines`, the first blank one, its END line) is whole."""
+    if blank is not None:
+        raise UserError(f"{path}, line {blank}: a blank line (CTranslate2 reads it as no always-candidates)")
+    if end is None:
+        raise UserError(f"{path}: cut short: no end line ({END}N>) after its {len(lines)} lines (or written "
+                        f"before shortlists had one); {again}")
+    n, key = end
+    stated = key.removeprefix(END).removesuffix(">")
+    if n != len(lines) or stated != str(n - 1):
+        raise UserError(f"{path}, line {n}: the end line says {stated} lines come before it, but {n - 1} do"
+                        + ("" if n == len(lines) else f" and {len(lines) - n} follow it") + f"; {again}")

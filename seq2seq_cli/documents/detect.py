@@ -2,30 +2,30 @@
 name's suffix, and where the name says nothing (no suffix, .txt or a language suffix such as
 .es), by its first bytes (an HTML page, an XML document); `--format` overrides both. Then the
 document is checked before it is opened: a .docx or .odt must be a zip holding what such a
-file holds, and must not unpack to more than MAX_UNPACKED bytes (a zip bomb); text must be
-UTF-8. Every problem is one line naming the file.
+file holds, unpacked within the limits of `archive.py` (a zip bomb, damaged or encrypted, is
+refused); text must be UTF-8, or for XML the encoding its declaration names. Every problem is
+one line naming the file.
 """
 
 from __future__ import annotations
 
-import io
+import codecs
 import re
-import zipfile
 from pathlib import Path
 
 from seq2seq_cli.choices import DocumentFormat
+from seq2seq_cli.documents.archive import KINDS as ARCHIVES
+from seq2seq_cli.documents.archive import unpack
 from seq2seq_cli.errors import UserError
 
 SUFFIXES = {".txt": DocumentFormat.text, ".html": DocumentFormat.html, ".htm": DocumentFormat.html,
             ".xhtml": DocumentFormat.html, ".xml": DocumentFormat.xml, ".docx": DocumentFormat.docx,
             ".odt": DocumentFormat.odt}
 SERVED = (".txt", ".html", ".htm", ".docx", ".odt")  # what /translate_file accepts (LibreTranslate's names)
-ARCHIVES = {DocumentFormat.docx: ("a .docx", "word/document.xml"), DocumentFormat.odt: ("an .odt", "content.xml")}
-MAX_UNPACKED = 200 << 20  # bytes a .docx or .odt may unpack to
-MAX_RATIO = 200  # unpacked / packed bytes of a large entry beyond which a zip is refused as a zip bomb
 SNIFF_BYTES = 4096  # the bytes of a document's start its content is detected by
 HTML_START = re.compile(rb"\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*<(!doctype\s+html|html[\s>])", re.I | re.S)
 XML_START = re.compile(rb"\s*<\?xml\s", re.I)
+DECLARED = re.compile(rb"(?:\xef\xbb\xbf)?\s*<\?xml\s[^>]*?\bencoding\s*=\s*[\"']([A-Za-z][A-Za-z0-9._-]*)[\"']")
 
 
 def detect(name: str, head: bytes, given: DocumentFormat = DocumentFormat.auto) -> DocumentFormat:
@@ -53,29 +53,41 @@ def check_served_name(name: str) -> None:
                         f"send {', '.join(SERVED[:-1])} or {SERVED[-1]}")
 
 
+def text_encoding(name: str, data: bytes, fmt: DocumentFormat) -> str:
+    """The encoding of a document that is text: UTF-8, or for XML and HTML the one its XML
+    declaration names (a byte-order mark says UTF-8 whatever the declaration says)."""
+    found = DECLARED.match(data[:SNIFF_BYTES]) if fmt in (DocumentFormat.xml, DocumentFormat.html) else None
+    if found is None or data.startswith(b"\xef\xbb\xbf"):
+        return "utf-8"
+    declared = found.group(1).decode("ascii")
+    try:
+        codec = codecs.lookup(declared)
+    except LookupError:
+        raise UserError(f"{name}: its XML declaration names the encoding {declared}, which is not known") from None
+    if codec.name.startswith(("utf-16", "utf-32")):  # read as ASCII, the declaration cannot be theirs
+        raise UserError(f"{name}: its XML declaration names {declared}, but the file is not in it "
+                        "(a UTF-16 or UTF-32 file starts with a byte-order mark)")
+    return codec.name
+
+
+def document_text(name: str, data: bytes, fmt: DocumentFormat) -> str:
+    """The text of a document that is text (`text_encoding`), without a byte-order mark."""
+    encoding = text_encoding(name, data, fmt)
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        if encoding == "utf-8":
+            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})") from None
+        raise UserError(f"{name}: not {encoding} text, as its XML declaration says (invalid byte at {exc.start})") from None
+    return text.removeprefix("\ufeff")
+
+
 def check_document(name: str, data: bytes, fmt: DocumentFormat) -> None:
     """`data`, the bytes of the document `name` in format `fmt`, are fit to open; a UserError
     naming the file otherwise."""
     if not data:
         raise UserError(f"{name}: the file is empty (0 bytes)")
     if fmt not in ARCHIVES:
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})") from None
+        document_text(name, data, fmt)
         return
-    kind, required = ARCHIVES[fmt]
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise UserError(f"{name}: not {kind} file ({kind} is a zip archive; this is not one)")
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        entries = archive.infolist()
-        if required not in {e.filename for e in entries}:
-            raise UserError(f"{name}: not {kind} file (the archive holds no {required})")
-        unpacked = sum(e.file_size for e in entries)
-        bomb = any(e.file_size > (1 << 20) and e.file_size > MAX_RATIO * max(1, e.compress_size) for e in entries)
-        if unpacked > MAX_UNPACKED or bomb:
-            raise UserError(f"{name}: refused: it unpacks to {unpacked} bytes from {len(data)} (a zip bomb?)")
-        if fmt is DocumentFormat.odt:
-            from seq2seq_cli.documents.odt import check_mimetype
-
-            check_mimetype(name, archive)
+    unpack(name, data, fmt)

@@ -9,13 +9,16 @@ to the source text it enclosed (the first to the last of them, within the senten
 covered), nested as in the source; siblings that would overlap are cut at the earlier one's
 end. An element holding no text (<br>, <img>, a comment, a script) is put before the target
 word aligned to the source word after it. Where no word is aligned, the element keeps its
-relative position in the unit. Every element of the source is in the output, with its
-attributes; whitespace inside a unit's text is collapsed to single spaces (as a browser
-shows it), the unit's leading and trailing whitespace kept.
+relative position in the unit; one that is not translated keeps the spaces it had from the
+words on either side. Every element of the source is in the output, with its attributes;
+whitespace inside a unit's text is collapsed to single spaces (as a browser shows it), the
+unit's leading and trailing whitespace kept.
 
-Never translated, kept as they are: <script>, <style>, <code>, <pre>, <kbd>, <samp>, <var>,
-<textarea>, <svg>, <math>, <template>, <noscript>, comments, processing instructions,
-XML entity references, attributes, and any element with translate="no" or class "notranslate".
+A page's <title> and its meta descriptions (HEAD_META: their content) are translated; the
+rest of <head> is not. Never translated, kept as they are: <script>, <style>, <code>, <pre>,
+<kbd>, <samp>, <var>, <textarea>, <svg>, <math>, <template>, <noscript>, comments, processing
+instructions, XML entity references, other attributes, and any element with translate="no"
+or class "notranslate".
 HTML's inline elements are its phrasing elements; in XML, an element is inline when its parent
 holds text of its own beside it (mixed content) and a block otherwise.
 """
@@ -27,8 +30,9 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from seq2seq_cli.documents.aligning import translate_aligned
 from seq2seq_cli.documents.placing import Aligned, Node, Unit, render_unit
-from seq2seq_cli.documents.sentences import Splitter
+from seq2seq_cli.documents.sentences import Split, Splitter
 from seq2seq_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -41,6 +45,8 @@ EMPTY_HTML = frozenset("br img wbr input button select embed audio video canvas 
 OPAQUE_INLINE = frozenset("script style code kbd samp var svg math".split())  # kept whole, as a word-less anchor
 OPAQUE_BLOCK = frozenset("pre textarea template noscript iframe object head".split())  # kept whole, a unit break
 SPACE = re.compile(r"\s+")
+MAX_NESTING = 400  # levels of elements inside each other an HTML page may have; deeper is refused
+HEAD_META = frozenset(["description", "og:title", "og:description", "twitter:title", "twitter:description"])
 
 
 def _tag(el: Any) -> str:
@@ -64,13 +70,18 @@ def _mixed(parent: Any) -> bool:
 
 def _inline(el: Any, html_rules: bool) -> bool:
     """Whether an element sits in the flow of its parent's text (else it is a block)."""
-    if html_rules:
-        tag = _tag(el)
-        if not isinstance(el.tag, str) or tag in OPAQUE_INLINE or tag in EMPTY_HTML:
-            return True
-        if tag not in INLINE_HTML:
-            return False
-        return _untranslated(el, True) or all(_inline(c, True) for c in el)
+    if html_rules:  # phrasing content all the way down (a loop: pages nest deeper than Python recurses)
+        stack = [el]
+        while stack:
+            element = stack.pop()
+            tag = _tag(element)
+            if not isinstance(element.tag, str) or tag in OPAQUE_INLINE or tag in EMPTY_HTML:
+                continue
+            if tag not in INLINE_HTML:
+                return False
+            if not _untranslated(element, True):
+                stack.extend(element)
+        return True
     parent = el.getparent()
     return not isinstance(el.tag, str) or (parent is not None and _mixed(parent))
 
@@ -94,6 +105,8 @@ class UnitBuilder:
     def node(self, el: Any, html_rules: bool) -> Node:
         if _untranslated(el, html_rules) or (html_rules and _tag(el) in EMPTY_HTML):
             node = Node(el, self.length, self.length, opaque=True)
+            node.space_before = bool(self.parts) and self.parts[-1].endswith(" ")
+            node.space_after = (el.tail or "")[:1].isspace()
             if _tag(el) == "br":
                 self.add(" ")  # a line break parts words
             return node
@@ -138,9 +151,45 @@ def finish_unit(unit: Unit, builder: UnitBuilder, raw: list[str]) -> Unit:
     return unit
 
 
+def _depth(root: Any) -> int:
+    """How deep elements nest under `root` (root alone: 1)."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        element, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in element)
+    return deepest
+
+
+def _too_deep(name: str, limit: int) -> UserError:
+    return UserError(f"{name}: refused: elements nested more than {limit} levels deep; flatten the document")
+
+
+def _head(root: Any, splitter: Splitter) -> tuple[list[Unit], list[tuple[Any, str, Split]]]:
+    """What a page's <head> shows its readers: the units of its <title>, and the meta
+    descriptions (element, attribute, its text split), unless marked translate="no"."""
+    units: list[Unit] = []
+    attributes: list[tuple[Any, str, Split]] = []
+    for head in root.findall("head"):
+        if any(el.get("translate") == "no" for el in (head, *head.iterancestors())):
+            continue
+        for title in head.iter("title"):
+            if title.get("translate") != "no":
+                units += [u for u in _units(title, True) if u.text]
+        for meta in head.iter("meta"):
+            key = (meta.get("name") or meta.get("property") or "").lower()
+            content = SPACE.sub(" ", meta.get("content") or "").strip()
+            if key in HEAD_META and content and meta.get("translate") != "no":
+                attributes.append((meta, "content", splitter.split(content)))
+    return units, attributes
+
+
 class MarkupDocument:
     """An HTML or XML document (or HTML fragment) whose text is to be translated: `sentences`
-    to translate, then `render` with their aligned translations."""
+    to translate, then `render` with their aligned translations. An XML declaration is kept
+    as it was written (the document is parsed without it: its encoding is the caller's);
+    elements nested more than MAX_NESTING levels deep (HTML; 256 in XML, lxml's limit) are
+    refused, not dropped."""
 
     def __init__(self, text: str, fmt: str, splitter: Splitter, name: str = "the input") -> None:
         from lxml import etree
@@ -150,26 +199,38 @@ class MarkupDocument:
         self.fragment = False
         found = re.match(r"\s*<\?xml[^>]*\?>\s*", text)
         self.declaration = found.group(0) if found else ""  # kept as it was written
+        body = "\n" * self.declaration.count("\n") + text[len(self.declaration):]  # the lines where they were
         self.end = text[len(text.rstrip()):]  # the whitespace after the document, kept
+        self.attributes: list[tuple[Any, str, Split]] = []  # (element, attribute, its text split)
         if fmt == "xml":
             parser = etree.XMLParser(resolve_entities=False, strip_cdata=False)
             try:
-                self.root = etree.fromstring(text.encode("utf-8"), parser)
+                self.root = etree.fromstring(body, parser)
             except etree.XMLSyntaxError as exc:
+                if "Excessive depth" in exc.msg:
+                    raise _too_deep(name, 256) from None
                 raise UserError(f"{name}:{exc.lineno}: not well-formed XML ({exc.msg})") from None
-        elif re.match(r"\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*<(!doctype|html)", text, re.I | re.S):
-            self.root = lhtml.document_fromstring(text)
         else:
-            self.fragment = True
-            self.root = lhtml.fragment_fromstring(text, create_parent="div")
+            parser = lhtml.HTMLParser(huge_tree=True)  # lxml drops what nests past 256 levels without it
+            if re.match(r"\s*(<!--.*?-->\s*)*<(!doctype|html)", body, re.I | re.S):
+                self.root = lhtml.document_fromstring(body, parser=parser)
+            else:
+                self.fragment = True
+                self.root = lhtml.fragment_fromstring(body, create_parent="div", parser=parser)
+        if _depth(self.root) > MAX_NESTING:
+            raise _too_deep(name, MAX_NESTING)
         html_rules = fmt == "html"
         self.units = [u for u in _units(self.root, html_rules) if u.text]
+        if html_rules and not self.fragment:
+            head_units, self.attributes = _head(self.root, splitter)
+            self.units = head_units + self.units
         for unit in self.units:
             unit.split = splitter.split(unit.text)
 
     @property
     def sentences(self) -> list[str]:
-        return [s for u in self.units for s in (u.split.sentences if u.split else [])]
+        return [s for u in self.units for s in (u.split.sentences if u.split else [])] + [
+            s for _, _, split in self.attributes for s in split.sentences]
 
     def render(self, aligned: list[Aligned]) -> str:
         """The document with its text replaced by the translations (one per `sentences`)."""
@@ -181,57 +242,32 @@ class MarkupDocument:
             n = len(unit.split.sentences) if unit.split else 0
             render_unit(unit, aligned[k : k + n])
             k += n
+        for element, attribute, split in self.attributes:
+            n = len(split.sentences)
+            element.set(attribute, split.join([" ".join(a.words) for a in aligned[k : k + n]]))
+            k += n
         if self.fragment:
             head = html.escape(self.root.text or "", quote=False)
-            return head + "".join(lhtml.tostring(c, encoding="unicode") for c in self.root)
-        if self.fmt == "html":
-            return str(etree.tostring(self.root.getroottree(), method="html", encoding="unicode")).rstrip() + self.end
-        body = str(etree.tostring(self.root.getroottree(), encoding="unicode"))
+            return self.declaration + head + "".join(lhtml.tostring(c, encoding="unicode") for c in self.root)
+        method = "html" if self.fmt == "html" and not self.declaration else "xml"  # XHTML stays well-formed
+        body = str(etree.tostring(self.root.getroottree(), method=method, encoding="unicode"))
         return self.declaration + body.rstrip() + self.end
 
 
-def aligned(translator: Translator, sentence: str, tokens: list[int], links: list[int]) -> Aligned:
-    """One translated sentence as words with their aligned source subwords; `links`: for each
-    output token, the source piece (of the sentence, a tag not counted) it attends to most."""
-    sp = translator.src_sp
-    raw = sentence.encode("utf-8")
-    sources = []
-    for piece in sp.encode(sentence, return_type="proto").pieces:
-        start = len(raw[: piece.begin].decode("utf-8", errors="ignore"))
-        end = len(raw[: piece.end].decode("utf-8", errors="ignore"))
-        surface = sentence[start:end]
-        sources.append((start + len(surface) - len(surface.lstrip()), end))
-    groups: list[list[int]] = []  # token positions of each word
-    for j, tok in enumerate(tokens):
-        if not groups or translator.tgt_sp.id_to_piece(tok).startswith("\u2581"):
-            groups.append([])
-        groups[-1].append(j)
-    words = [translator.tgt_sp.decode([tokens[j] for j in g]) for g in groups]
-    kept = [(w, [links[j] for j in g if j < len(links)]) for w, g in zip(words, groups) if w]
-    return Aligned([w for w, _ in kept], [ls for _, ls in kept], sources)
+def translate_markup(translator: Translator, text: str, fmt: str, splitter: Splitter, name: str = "the input",
+                     cut: list[int] | None = None) -> str:
+    """An HTML or XML document (or HTML fragment) translated, its markup carried through; a
+    page without an element (a doctype alone) is given back as it is. The indices of the
+    sentences translated in pieces (too long for the model) are appended to `cut` when given."""
+    from lxml import etree
 
-
-def translate_aligned(translator: Translator, sentences: list[str]) -> list[Aligned]:
-    """Translate sentences (1-best) and align each output token to a source piece by the last
-    decoder layer's cross-attention (mean over heads)."""
-    if not sentences:
-        return []
-    ids = translator.encode(sentences)
-    out = []
-    skip = len(translator.tag_ids)
-    for sentence, src, hyps in zip(sentences, ids, translator.translate_hypotheses(sentences, 1, ids)):
-        tokens = hyps[0].tokens
-        links: list[int] = []
-        if tokens and len(src) - 1 > skip:
-            attention = translator.cross_attention(src, tokens, -1, None)
-            links = attention[: len(tokens), skip : len(src) - 1].argmax(dim=1).tolist()
-        out.append(aligned(translator, sentence, tokens, links))
-    return out
-
-
-def translate_markup(translator: Translator, text: str, fmt: str, splitter: Splitter, name: str = "the input") -> str:
-    """An HTML or XML document (or HTML fragment) translated, its markup carried through."""
     if not text.strip():
         return text
-    doc = MarkupDocument(text, fmt, splitter, name)
-    return doc.render(translate_aligned(translator, doc.sentences))
+    try:
+        doc = MarkupDocument(text, fmt, splitter, name)
+    except etree.ParserError:  # "Document is empty": nothing to translate
+        return text
+    translated = translate_aligned(translator, doc.sentences)
+    if cut is not None:
+        cut.extend(i for i, a in enumerate(translated) if a.pieces > 1)
+    return doc.render(translated)

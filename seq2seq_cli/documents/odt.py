@@ -7,9 +7,9 @@ read and written with lxml. A paragraph is a unit of `markup.py`: its text: span
 (`text:span`, links, `text:meta`) are inline elements, placed by cross-attention alignment and
 nested as before; every other element (a space `text:s`, `text:tab`, `text:line-break`, a
 frame, a field, a note, a bookmark) is kept as it is, untranslated, before the word aligned
-to the one after it. A paragraph inside a note or a frame is a unit of its own. The other
-entries of the zip (styles, pictures, manifest, settings) are copied byte for byte, the
-mimetype first and stored, as the format asks.
+to the one after it. A paragraph inside a note or a frame is a unit of its own. The zip is
+unpacked within the limits of `archive.py`; its other entries (styles, pictures, manifest,
+settings) are written back as they were, the mimetype first and stored, as the format asks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from seq2seq_cli.documents.markup import UnitBuilder, finish_unit, translate_aligned
+from seq2seq_cli.choices import DocumentFormat
+from seq2seq_cli.documents.aligning import translate_aligned
+from seq2seq_cli.documents.archive import MIMETYPE, Entry, unpack
+from seq2seq_cli.documents.markup import UnitBuilder, finish_unit
 from seq2seq_cli.documents.placing import Node, Unit, render_unit
 from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
@@ -27,7 +30,6 @@ from seq2seq_cli.errors import UserError
 if TYPE_CHECKING:
     from seq2seq_cli.decode.translate import Translator
 
-MIMETYPE = "application/vnd.oasis.opendocument.text"
 TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
 OFFICE = "{urn:oasis:names:tc:opendocument:xmlns:office:1.0}"
 PARTS = {"content.xml": OFFICE + "body", "styles.xml": OFFICE + "master-styles"}  # where each part's text is
@@ -37,29 +39,19 @@ BREAKS = frozenset(TEXT + tag for tag in ("s", "tab", "line-break"))  # kept; th
 SKIPPED = frozenset([TEXT + "tracked-changes"])  # paragraphs inside are not translated (deleted text)
 
 
-def check_mimetype(name: str, archive: zipfile.ZipFile) -> None:
-    """A UserError naming the file when its zip says it holds another kind of document."""
-    if "mimetype" not in archive.namelist():
-        return  # optional in a package; content.xml says the rest
-    found = archive.read("mimetype")[:100].decode("ascii", "replace").strip()
-    if found != MIMETYPE:
-        raise UserError(f"{name}: not an .odt file (its mimetype is {found or 'empty'}, not {MIMETYPE})")
-
-
-def _read(data: bytes, name: str) -> tuple[list[tuple[zipfile.ZipInfo, bytes]], dict[str, Any]]:
-    """The zip's entries (info, bytes) and its parts holding text, parsed."""
+def _read(data: bytes, name: str) -> tuple[list[Entry], dict[str, Any]]:
+    """The zip's entries (unpacked within the limits of `archive.py`) and its parts holding text, parsed."""
     from lxml import etree
 
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        entries = [(info, archive.read(info)) for info in archive.infolist()]
+    entries = unpack(name, data, DocumentFormat.odt)
     parser = etree.XMLParser(resolve_entities=False, no_network=True)
     trees: dict[str, Any] = {}
-    for info, payload in entries:
-        if info.filename in PARTS:
+    for entry in entries:
+        if entry.info.filename in PARTS:
             try:
-                trees[info.filename] = etree.fromstring(payload, parser)
+                trees[entry.info.filename] = etree.fromstring(entry.data, parser)
             except etree.XMLSyntaxError as exc:
-                raise UserError(f"{name}: not a readable .odt file ({info.filename}: {exc.msg})") from None
+                raise UserError(f"{name}: not a readable .odt file ({entry.info.filename}: {exc.msg})") from None
     if trees["content.xml"].find(f"{OFFICE}body/{OFFICE}text") is None:
         raise UserError(f"{name}: not an .odt file (content.xml holds no office:text)")
     return entries, trees
@@ -134,7 +126,7 @@ def _unglue(p: _Paragraph) -> None:
             element.tail = " " + (element.tail or "")
 
 
-def _write(entries: list[tuple[zipfile.ZipInfo, bytes]], trees: dict[str, Any]) -> bytes:
+def _write(entries: list[Entry], trees: dict[str, Any]) -> bytes:
     """The package again: the mimetype first and stored, the parsed parts as they are now, the
     other entries as they were."""
     from lxml import etree
@@ -142,7 +134,8 @@ def _write(entries: list[tuple[zipfile.ZipInfo, bytes]], trees: dict[str, Any]) 
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as archive:
         archive.writestr(zipfile.ZipInfo("mimetype"), MIMETYPE, compress_type=zipfile.ZIP_STORED)
-        for info, payload in entries:
+        for entry in entries:
+            info, payload = entry.info, entry.data
             if info.filename == "mimetype":
                 continue
             if info.filename in trees:
@@ -158,14 +151,18 @@ def text_chars(data: bytes, name: str = "the file") -> int:
     return sum(len(p.unit.text) for p in _paragraphs(_read(data, name)[1]))
 
 
-def translate_odt(translator: Translator, data: bytes, splitter: Splitter, name: str = "the file") -> bytes:
-    """An .odt translated paragraph by paragraph, sentences batched across the document."""
+def translate_odt(translator: Translator, data: bytes, splitter: Splitter, name: str = "the file",
+                  cut: list[int] | None = None) -> bytes:
+    """An .odt translated paragraph by paragraph, sentences batched across the document (the
+    indices of those translated in pieces appended to `cut` when given)."""
     entries, trees = _read(data, name)
     paragraphs = _paragraphs(trees)
     for p in paragraphs:
         p.unit.split = splitter.split(p.unit.text)
     sentences = [s for p in paragraphs for s in (p.unit.split.sentences if p.unit.split else [])]
     aligned = translate_aligned(translator, sentences)
+    if cut is not None:
+        cut.extend(i for i, a in enumerate(aligned) if a.pieces > 1)
     k = 0
     for p in paragraphs:
         n = len(p.unit.split.sentences) if p.unit.split else 0

@@ -23,6 +23,8 @@ class Node:
     end: int = -1
     opaque: bool = False
     children: list[Node] = field(default_factory=list)
+    space_before: bool = False  # an opaque element the source parted from the words before it by a space
+    space_after: bool = False  # ... and from the words after it: the output keeps the space there
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Aligned:
     words: list[str]
     links: list[list[int]]  # per word: indices into `sources`
     sources: list[tuple[int, int]]  # character span of each source subword in the sentence
+    pieces: int = 1  # the pieces the sentence was translated in (more than one: too long for the model)
 
 
 def word_sources(unit: Unit, aligned: list[Aligned]) -> tuple[list[str], list[str], list[list[tuple[int, int]]], list[int]]:
@@ -153,21 +156,27 @@ def _emit(lo: int, hi: int, kids: list[_Placed], words: list[str], seps: list[st
 
 def _write(parent: Any, anchor: Any, old: list[Any], content: list[Any]) -> None:
     """Put `content` (strings and (node, content)) into `parent` after `anchor` (None: at its
-    start), in place of the elements `old`."""
+    start), in place of the elements `old`; an opaque element spaced from its words in the
+    source is spaced from them in the output."""
     for el in old:
         parent.remove(el)
     index = 0 if anchor is None else parent.index(anchor) + 1
     texts: list[str] = []
     last: Any = anchor
+    last_node: Node | None = None
     for item in content + [None]:
         if isinstance(item, str):
             texts.append(item)
             continue
-        joined = "".join(texts) or None
+        joined = "".join(texts)
+        if last_node is not None and last_node.space_after and joined and not joined[0].isspace():
+            joined = " " + joined
+        if item is not None and item[0].space_before and joined and not joined[-1].isspace():
+            joined += " "
         if last is None:
-            parent.text = joined
+            parent.text = joined or None
         else:
-            last.tail = joined
+            last.tail = joined or None
         texts = []
         if item is None:
             break
@@ -178,7 +187,7 @@ def _write(parent: Any, anchor: Any, old: list[Any], content: list[Any]) -> None
             _write(node.element, None, [], inner)
         parent.insert(index, node.element)
         index += 1
-        last = node.element
+        last, last_node = node.element, node
 
 
 def render_unit(unit: Unit, aligned: list[Aligned]) -> None:

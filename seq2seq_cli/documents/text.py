@@ -38,11 +38,8 @@ def translate_file(
     A file `out` is replaced only once every line is translated (see `write_lines`).
     """
     opts = opts or OutputOptions()
-    if out != "-" and not Path(out).parent.is_dir():
-        raise UserError(f"{out}: output directory {Path(out).parent} does not exist")
-    if out != "-" and Path(out).is_dir():
-        raise UserError(f"{out}: is a directory, expected a file name to write")
     if out != "-":
+        check_output_file(Path(out))
         inputs = {"input": Path(src)} if src != "-" else {}
         if opts.terminology is not None:
             inputs.update(opts.terminology.files())
@@ -89,6 +86,14 @@ def translate_file(
     if cut:
         print(describe_cut(src, cut, max_source_subwords(translator.model)), file=sys.stderr)
     return count
+
+
+def check_output_file(out: Path) -> None:
+    """The one rule of every format's `-o`: a file name in a directory that exists."""
+    if not out.parent.is_dir():
+        raise UserError(f"{out}: output directory {out.parent} does not exist")
+    if out.is_dir():
+        raise UserError(f"{out}: is a directory, expected a file name to write")
 
 
 def warn_about_plots(chunks: Iterable[list[str]], total: int | None) -> Iterator[list[str]]:

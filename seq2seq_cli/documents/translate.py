@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 from seq2seq_cli.choices import DocumentFormat
+from seq2seq_cli.decode.search import max_source_subwords
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents import docx, odt
-from seq2seq_cli.documents.detect import SNIFF_BYTES, check_document, detect
+from seq2seq_cli.documents.detect import SNIFF_BYTES, check_document, detect, document_text, text_encoding
 from seq2seq_cli.documents.lines import OutputOptions, translate_sentences
 from seq2seq_cli.documents.markup import translate_markup
 from seq2seq_cli.documents.sentences import Splitter
+from seq2seq_cli.documents.text import check_output_file
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, check_output
 
@@ -53,22 +55,32 @@ def text_chars(fmt: DocumentFormat, data: bytes, name: str = "the file") -> int:
     if fmt is DocumentFormat.odt:
         return odt.text_chars(data, name)
     if fmt is DocumentFormat.docx:
-        return docx.text_chars(data)
-    return len(data.decode("utf-8"))
+        return docx.text_chars(data, name)
+    return len(document_text(name, data, fmt))
 
 
-def translate_bytes(translator: Translator, name: str, data: bytes, fmt: DocumentFormat, splitter: Splitter) -> bytes:
+def describe_pieces(name: str, count: int, translator: Translator) -> str:
+    """The one warning of a document whose sentences were too long for the model."""
+    return (f"warning: {name}: {count} sentence(s) longer than the model's {max_source_subwords(translator.model)} "
+            "source subwords were translated in pieces, cut between words")
+
+
+def translate_bytes(translator: Translator, name: str, data: bytes, fmt: DocumentFormat, splitter: Splitter,
+                    cut: list[int] | None = None) -> bytes:
     """A document's bytes -> the translated document's bytes, in the same format. Plain text is
-    translated line by line (lines end in LF, as `translate` writes them), each line cut into
-    sentences by `splitter` and joined back."""
+    translated line by line (lines end in LF, as `translate` writes them, whatever ended them),
+    each line cut into sentences by `splitter` and joined back; HTML and XML are written in
+    the encoding they were read in (`text_encoding`). The indices of a document's sentences
+    translated in pieces (too long for the model) are appended to `cut` when given."""
     check_document(name, data, fmt)
     if fmt is DocumentFormat.docx:
-        return docx.translate_docx(translator, data, splitter, name)
+        return docx.translate_docx(translator, data, splitter, name, cut)
     if fmt is DocumentFormat.odt:
-        return odt.translate_odt(translator, data, splitter, name)
-    text = data.decode("utf-8").removeprefix("\ufeff")
+        return odt.translate_odt(translator, data, splitter, name, cut)
+    text = document_text(name, data, fmt)
     if fmt in (DocumentFormat.html, DocumentFormat.xml):
-        return translate_markup(translator, text, fmt.value, splitter, name).encode("utf-8")
+        translated = translate_markup(translator, text, fmt.value, splitter, name, cut)
+        return translated.encode(text_encoding(name, data, fmt), errors="xmlcharrefreplace")
     lines = text.split("\n")
     last = lines.pop() if lines and lines[-1] == "" else None  # the newline ending the file is not a line
     out = translate_sentences(translator.translate, [line.rstrip("\r") for line in lines], splitter)
@@ -80,6 +92,7 @@ def translate_document(translator: Translator, src: str, out: str, fmt: Document
     read whole, translated whole, and written only once complete."""
     name = "stdin" if src == "-" else src
     if out != "-":
+        check_output_file(Path(out))
         inputs = {"input": Path(src)} if src != "-" else {}
         protected: list[Path | None] = [*translator.run_dirs()] or [None]  # None: no run to protect
         for run_dir in protected:
@@ -94,7 +107,10 @@ def translate_document(translator: Translator, src: str, out: str, fmt: Document
             raise UserError(f"{src}: input file not found")
         data = path.read_bytes()
     splitter = splitter or Splitter(translator.languages[0], whole=True)  # --no-split: a text node is one sentence
-    result = translate_bytes(translator, name, data, fmt, splitter)
+    cut: list[int] = []
+    result = translate_bytes(translator, name, data, fmt, splitter, cut)
+    if cut:
+        print(describe_pieces(name, len(cut), translator), file=sys.stderr)
     if out == "-":
         sys.stdout.buffer.write(result)
         sys.stdout.flush()

@@ -1,30 +1,44 @@
 """LibreTranslate's file routes of `seq2seq serve`: POST /translate_file (multipart: file,
-source, target, api_key -> {"translatedFileUrl"}) and GET /download_file/NAME. A file is
+source, target, api_key -> {"translatedFileUrl"}) and GET /download_file/ID. A file is
 translated by the documents wing as `translate -i FILE` translates it (`translate_bytes`), on
 the batcher's decoding thread in its turn (`Batcher.run_alone`), never beside a batch; the
-result waits in the server's `FileStore` for its one download.
+result waits in the server's `FileStore` for its one download (a HEAD does not take it), under
+an id of the server's own; the name it was sent with comes back in Content-Disposition only.
+An upload is read as it arrives, never past MAX_FILE_BYTES.
 """
 
 from __future__ import annotations
 
 import email.policy
+import logging
 import mimetypes
 from email.parser import BytesParser
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from seq2seq_cli.decode.options import clip
 from seq2seq_cli.documents.detect import check_document, check_served_name, detect
-from seq2seq_cli.documents.translate import text_chars, translate_bytes
+from seq2seq_cli.documents.translate import describe_pieces, text_chars, translate_bytes
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.serve.parse import RequestError, answered, check_key, check_pair, queued, too_large
-from seq2seq_cli.serve.state import app_state
+from seq2seq_cli.serve.parse import (
+    RequestError,
+    answered,
+    check_key,
+    check_key_early,
+    check_pair,
+    queued,
+    read_limited,
+    too_large,
+)
+from seq2seq_cli.serve.state import AppState, app_state
 from seq2seq_cli.serve.store import FILE_LIFETIME_S
 
 MAX_FILE_BYTES = 10 << 20  # bytes of an uploaded file; more are answered 413
+log = logging.getLogger("seq2seq.serve")
 
 router = APIRouter()
 
@@ -47,14 +61,12 @@ def multipart_fields(content_type: str, body: bytes) -> dict[str, Any]:
     return fields
 
 
-async def read_upload(request: Request) -> dict[str, Any]:
-    """The multipart fields of an upload, its size within MAX_FILE_BYTES (else 413)."""
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > MAX_FILE_BYTES + 65536:
-        raise too_large("file", f"{length} bytes of body", MAX_FILE_BYTES)
-    body = await request.body()
-    if len(body) > MAX_FILE_BYTES + 65536:
-        raise too_large("file", f"{len(body)} bytes of body", MAX_FILE_BYTES)
+async def read_upload(request: Request, state: AppState) -> dict[str, Any]:
+    """The multipart fields of an upload, read as they arrive and refused (413) once past
+    MAX_FILE_BYTES; a wrong key in the header or the query string is refused (403) before
+    anything is read."""
+    check_key_early(state, request)
+    body = await read_limited(request, MAX_FILE_BYTES + 65536, "file", MAX_FILE_BYTES)
     kind = request.headers.get("content-type", "")
     try:
         fields = multipart_fields(kind, body) if kind.lower().startswith("multipart/form-data") else None
@@ -68,7 +80,7 @@ async def read_upload(request: Request) -> dict[str, Any]:
 @router.post("/translate_file")
 async def translate_file(request: Request) -> JSONResponse:
     state = app_state(request)
-    fields = await read_upload(request)
+    fields = await read_upload(request, state)
     check_key(state, fields, request)
     for field in ("file", "source", "target"):
         if fields.get(field) is None:
@@ -78,7 +90,7 @@ async def translate_file(request: Request) -> JSONResponse:
     if not isinstance(upload, tuple):
         raise RequestError(400, "Invalid request: file must be a file (a multipart part with a filename)")
     name, data = upload
-    name = Path(name or "file").name
+    name = PurePosixPath((name or "file").replace("\\", "/")).name or "file"
     try:
         check_served_name(name)
         fmt = detect(name, data[:4096])
@@ -89,17 +101,29 @@ async def translate_file(request: Request) -> JSONResponse:
     if chars > state.settings.max_chars:
         raise too_large("file", f"{chars} characters of text", state.settings.max_chars)
     translator, splitter = state.translator, state.splitter
-    future = queued(lambda: state.batcher.run_alone(lambda: translate_bytes(translator, name, data, fmt, splitter)))
+    cut: list[int] = []
+    future = queued(lambda: state.batcher.run_alone(lambda: translate_bytes(translator, name, data, fmt, splitter, cut)))
     translated = await answered(state, future)
+    if cut:
+        log.warning("%s", describe_pieces(name, len(cut), translator).removeprefix("warning: "))
     stored = state.files.put(name, translated)
     return JSONResponse({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{stored}"})
 
 
 @router.get("/download_file/{stored}")
 async def download_file(request: Request, stored: str) -> Response:
-    data = app_state(request).files.take(stored)
-    if data is None:
-        raise RequestError(404, f"no translated file {stored!r} (each is downloaded once, within {FILE_LIFETIME_S:g} s)")
-    filename = stored.split(".", 1)[1]
-    return Response(data, media_type=mimetypes.guess_type(filename)[0] or "application/octet-stream",
-                    headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(filename)}"})
+    """A translated file, once: a GET takes it, a HEAD only looks (its headers, no body)."""
+    found = app_state(request).files.take(stored, keep=request.method == "HEAD")
+    if found is None:
+        raise RequestError(404, f"no translated file {clip(repr(stored))} "
+                                f"(each is downloaded once, within {FILE_LIFETIME_S:g} s)")
+    filename, data = found
+    return Response(data, media_type=mimetypes.guess_type(stored)[0] or "application/octet-stream",
+                    headers={"Content-Disposition": content_disposition(filename)})
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment named `filename`: RFC 6266's plain ASCII filename for old clients, and the
+    name itself in RFC 5987's filename* (UTF-8, percent-encoded)."""
+    plain = "".join(c if " " <= c < "\x7f" and c not in '"\\%' else "_" for c in filename) or "file"
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename, safe='')}"

@@ -20,7 +20,7 @@ from seq2seq_cli.decode.options import check_nbest, clip, decode_settings, field
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import first_surrogate
 from seq2seq_cli.serve.batcher import QueueFull
-from seq2seq_cli.serve.state import AppState
+from seq2seq_cli.serve.state import AppState, app_state
 
 # The decoding options a request may set; batch_tokens, precision, quantize and shortlist belong
 # to the server (the model is loaded with them) and are set on the `serve` command line;
@@ -87,12 +87,8 @@ def json_kind(value: Any) -> str:
 async def read_body(request: Request, limit: int) -> dict[str, Any]:
     """The request's fields from a JSON object or a urlencoded form (a repeated q gives a list),
     checked by `check_values`; a body over `limit` bytes is refused (413)."""
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit:
-        raise too_large("request", f"{length} bytes of body", limit)
-    raw = await request.body()
-    if len(raw) > limit:
-        raise too_large("request", f"{len(raw)} bytes of body", limit)
+    check_key_early(app_state(request), request)
+    raw = await read_limited(request, limit, "request", limit)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     looks_json = raw.lstrip()[:1] in (b"{", b"[")  # JSON sent with curl -d's default form type is read as JSON
     if kind == "application/json" or (kind in ("", "application/x-www-form-urlencoded") and looks_json):
@@ -104,6 +100,21 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
                                 "send application/json or application/x-www-form-urlencoded")
     check_values(data)
     return data
+
+
+async def read_limited(request: Request, limit: int, what: str, shown: int) -> bytes:
+    """The request's body, read as it arrives: refused (413, `what` too large, the limit shown
+    as `shown`) as soon as it passes `limit` bytes, whether or not it said its length."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise too_large(what, f"{length} bytes of body", shown)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(what, f"more than {limit} bytes of body", shown)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -164,14 +175,28 @@ def check_text(text: str, where: str) -> None:
                                 "which is not text; send valid Unicode")
 
 
+def header_key(request: Request) -> str | None:
+    """The API key a request carries outside its body: the X-API-Key header, else the api_key
+    of the query string."""
+    return request.headers.get("x-api-key") or request.query_params.get("api_key") or None
+
+
+def check_key_early(state: AppState, request: Request) -> None:
+    """A wrong key in the header or the query string is refused (403) before the body is read."""
+    key = header_key(request)
+    if state.settings.api_keys is not None and key is not None and key not in state.settings.api_keys:
+        raise RequestError(403, "Invalid API key")
+
+
 def check_key(state: AppState, data: dict[str, Any], request: Request) -> None:
-    """The request's API key (the api_key field, else the X-API-Key header), where the server needs one."""
+    """The request's API key (the api_key field, else the X-API-Key header or the query
+    string's api_key), where the server needs one."""
     key = data.get("api_key")
     if key is not None and not isinstance(key, str):
         raise RequestError(400, f"Invalid request: api_key must be a string (got {json_kind(key)})")
     if state.settings.api_keys is None:
         return
-    key = key or request.headers.get("x-api-key")
+    key = key or header_key(request)
     if not key:
         raise RequestError(403, "Invalid request: missing api_key (this server requires an API key)")
     if key not in state.settings.api_keys:

@@ -56,6 +56,9 @@ async def libretranslate(request: Request) -> JSONResponse:
     if fmt not in FORMATS:
         raise RequestError(400, f"format {clip(repr(fmt))} is not supported; this server translates format text or html")
     alternatives = as_int(data.get("alternatives") or 0, "alternatives", 0, 16)
+    if alternatives and fmt == "html":
+        raise RequestError(400, "alternatives are given for format text only; format html is translated whole "
+                                "with its markup (leave alternatives out)")
     lines = check_size(state, texts)
     decode_cfg = state.translator.decode
     if alternatives and not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
@@ -63,7 +66,7 @@ async def libretranslate(request: Request) -> JSONResponse:
     flat = [line for ls in lines for line in ls]
     # with alternatives, lines are decoded whole (n-best lists of sentences do not join); else split
     results = []
-    if fmt != "html" and alternatives:
+    if alternatives:
         results = await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
     out_texts, out_alts = [], []
     start = 0
