@@ -216,13 +216,25 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path) if path else path
 
 
+def _absolute_split(split: Any) -> Any:
+    """A split (a path, or a `SplitConfig`) with its path made absolute; a Hub dataset named by
+    a local folder too (a name on the Hub stays as it is)."""
+    if isinstance(split, str):
+        return _absolute(split)
+    if split.path is not None:
+        return split.model_copy(update={"path": _absolute(split.path)})
+    if split.hub and os.path.isdir(split.hub):
+        return split.model_copy(update={"hub": _absolute(split.hub)})
+    return split
+
+
 def with_absolute_paths(config: Config) -> Config:
-    """`config` with its data files (data.train, each corpus, valid, test) and given tokenizer
-    models made absolute, against the current directory, where they are read."""
+    """`config` with its data files (data.train, each corpus and its scores, valid, test) and
+    given tokenizer models made absolute, against the current directory, where they are read."""
     d, t = config.data, config.tokenizer
-    train = ([c.model_copy(update={"path": _absolute(c.path)}) for c in d.train] if isinstance(d.train, list)
-             else _absolute(d.train))
-    data = d.model_copy(update={"train": train, **{k: _absolute(v) for k in ("valid", "test") if (v := getattr(d, k))}})
+    train = ([_absolute_split(c).model_copy(update={"scores": c.scores and _absolute(c.scores)}) for c in d.train]
+             if isinstance(d.train, list) else _absolute(d.train))
+    data = d.model_copy(update={"train": train, **{k: _absolute_split(v) for k in ("valid", "test") if (v := getattr(d, k))}})
     tokenizer = t.model_copy(update={k: _absolute(v) for k in ("src_model", "tgt_model") if (v := getattr(t, k))})
     return config.model_copy(update={"data": data, "tokenizer": tokenizer})
 
