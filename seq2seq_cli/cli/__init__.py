@@ -57,12 +57,19 @@ def _load(config: Path, overrides: list[str] | None):
 @app.command()
 @user_errors
 def tokenize(config: ConfigOpt, set_: SetOpt = None) -> None:
-    """Train the SentencePiece model(s) on the training split into the run directory."""
+    """Train the SentencePiece model(s) on the training split into the run directory, filter the training pairs and report what the data looks like (RUN/data_report.json, .png, RUN/dropped.tsv.gz)."""
+    from seq2seq_cli.data.report import read_data_report, report_table
+    from seq2seq_cli.layout import RunLayout
     from seq2seq_cli.run.tokenizing import train_tokenizer
 
     cfg = _load(config, set_)
-    for path in train_tokenizer(cfg):
+    for path in train_tokenizer(cfg, log=lambda line: typer.echo(line, err=True)):
         typer.echo(f"wrote {path}")
+    report = read_data_report(cfg.run_path)
+    if report is not None:
+        typer.echo(report_table(report))
+        layout = RunLayout(cfg.run_path)
+        typer.echo(f"wrote {layout.data_report}, {layout.data_plot}, {layout.dropped}")
 
 
 @app.command()
@@ -98,7 +105,7 @@ def info(
     src_len: Annotated[int, typer.Option("--src-len", min=1, help="Source tokens per sentence for the FLOP estimates.")] = 32,
     tgt_len: Annotated[int, typer.Option("--tgt-len", min=1, help="Target tokens per sentence for the FLOP estimates.")] = 32,
 ) -> None:
-    """Parameters per part (tied parts counted once), FLOPs per token and memory of a model."""
+    """Parameters per part (tied parts counted once), FLOPs per token and memory of a model; with --model, the run's data report."""
     from seq2seq_cli.model.info import info_report, model_from_config
 
     if (config is None) == (model is None):
@@ -106,13 +113,20 @@ def info(
     if model is not None:
         if set_:
             raise UserError("--set changes a config; it goes with --config, not --model")
+        from seq2seq_cli.data.report import read_data_report
         from seq2seq_cli.run.loaded import load_model
 
-        net = load_model(model).model
+        loaded = load_model(model)
+        net, report = loaded.model, read_data_report(loaded.run_dir)
     else:
         assert config is not None  # one of the two, checked above
-        net = model_from_config(_load(config, set_))
+        net, report = model_from_config(_load(config, set_)), None
     typer.echo(info_report(net, src_len, tgt_len))
+    if report is not None:
+        from seq2seq_cli.data.report import report_table
+
+        typer.echo("")
+        typer.echo(report_table(report))
 
 
 @app.command()

@@ -17,6 +17,7 @@ import re
 import unicodedata
 from array import array
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 class Drop(enum.IntEnum):
@@ -104,6 +105,16 @@ def training_filters(d) -> Filters:
                    f.numbers, f.urls, f.min_alpha, f.max_repeats, langs, f.langid_min_prob)
 
 
+def active(f: Filters, scored: bool = False) -> set[Drop]:
+    """The filters that are on (`scored`: a corpus drops its lowest scores)."""
+    on = {Drop.EMPTY: True, Drop.CONTROL: f.control, Drop.SAME: f.same,
+          Drop.TOO_LONG: bool(f.max_src_len or f.max_tgt_len), Drop.LONG_WORDS: bool(f.max_words),
+          Drop.RATIO: bool(f.max_len_ratio), Drop.LENGTH_RATIO: bool(f.length_ratio), Drop.NUMBERS: f.numbers,
+          Drop.URLS: f.urls, Drop.ALPHA: bool(f.min_alpha), Drop.REPEATS: bool(f.max_repeats), Drop.LANGID: any(f.langs),
+          Drop.SCORE: scored, Drop.DUPLICATE: f.dedup != "off"}
+    return {code for code, yes in on.items() if yes}
+
+
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]")
 MARKUP = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>|&(?:[A-Za-z]{2,8}|#\d{1,7}|#x[0-9A-Fa-f]{1,6});")
 # OpusCleaner's num_mismatch: a number (leading zeros and separators aside), its sign when not part of a word
@@ -115,7 +126,7 @@ URL = re.compile(
     r"|\b(?:[a-z0-9-]+\.)+(?:com|org|net|edu|gov|int|info|biz|io|eu|es|de|fr|it|pt|nl|uk|ru|cn|jp|br|mx|ar|co)\b(?:/[^\s<>\"]*)?",
     re.IGNORECASE,
 )
-REPEAT = re.compile(r"\b(\w+(?:\W+\w+){0,2})(?:\W+\1\b){%d,}", re.IGNORECASE)
+REPEAT = re.compile(r"\b(\w+(?:\W+\w+){0,2})(?:\W+\1\b){%d,}", re.IGNORECASE)  # %d: the repeats allowed
 NOT_WORD = re.compile(r"[\W_]+")
 
 
@@ -162,7 +173,12 @@ def pair_hash(src: str, tgt: str, dedup: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-def check_pair(src: str, tgt: str, ls: int, lt: int, f: Filters, repeat: re.Pattern[str] | None) -> Drop:
+@lru_cache(maxsize=8)
+def _repeats(times: int) -> re.Pattern[str]:
+    return re.compile(REPEAT.pattern % times, re.IGNORECASE)
+
+
+def check_pair(src: str, tgt: str, ls: int, lt: int, f: Filters) -> Drop:
     """The first filter that rejects the pair (text `src`, `tgt`; `ls`, `lt` subwords), or KEPT."""
     if not ls or not lt:
         return Drop.EMPTY
@@ -185,7 +201,7 @@ def check_pair(src: str, tgt: str, ls: int, lt: int, f: Filters, repeat: re.Patt
         return Drop.URLS
     if f.min_alpha and min(alpha_share(src), alpha_share(tgt)) < f.min_alpha:
         return Drop.ALPHA
-    if repeat is not None and (repeat.search(src) or repeat.search(tgt)):
+    if f.max_repeats and (_repeats(f.max_repeats).search(src) or _repeats(f.max_repeats).search(tgt)):
         return Drop.REPEATS
     if any(f.langs):
         from seq2seq_cli.data.langid import in_language
@@ -198,10 +214,9 @@ def check_pair(src: str, tgt: str, ls: int, lt: int, f: Filters, repeat: re.Patt
 def check_batch(src: list[str], tgt: list[str], src_ids: list[list[int]], tgt_ids: list[list[int]],
                 f: Filters) -> tuple[list[int], list[int]]:
     """The drop code and the duplicate hash of each pair of a batch."""
-    repeat = re.compile(REPEAT.pattern % f.max_repeats, re.IGNORECASE) if f.max_repeats else None
     drop, hashes = [], []
     for s, t, a, b in zip(src, tgt, src_ids, tgt_ids):
-        drop.append(int(check_pair(s, t, len(a), len(b), f, repeat)))
+        drop.append(int(check_pair(s, t, len(a), len(b), f)))
         hashes.append(pair_hash(s, t, f.dedup))
     return drop, hashes
 

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from seq2seq_cli.data.filters import Drop
+from seq2seq_cli.layout import DROPPED
 
 MAX_LEN = 1024  # lengths from here up share the last bin
 RATIO_BINS = np.linspace(-3.0, 3.0, 61)  # log2(source / target subwords), the ends open
-DROPPED_FILE = "dropped.tsv.gz"
+DROPPED_FILE = DROPPED  # beside each split's cache, as in the run
 DROPPED_HEADER = "pair\tfilter\tsource\ttarget\n"
 BATCH = 1000
 
