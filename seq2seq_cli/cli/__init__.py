@@ -266,6 +266,32 @@ def evaluate(
 
 @app.command()
 @user_errors
+def score(
+    model: Annotated[Path, typer.Option("--model", "-m", metavar="RUN", help="Run (or checkpoint) of the source->target direction whose log-probabilities score the pairs.")],
+    reverse_model: Annotated[Path | None, typer.Option("--reverse-model", metavar="RUN", help="A run of the other direction (target->source): each pair gets the dual conditional cross-entropy score of the two.")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="The pairs, source<TAB>target a line.")] = None,
+    src: Annotated[Path | None, typer.Option("--src", "-s", help="The sources, one a line (with --tgt, instead of --input).")] = None,
+    tgt: Annotated[Path | None, typer.Option("--tgt", "-t", help="The targets, aligned with --src.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="Where the scores go, one a line in input order; - = stdout.")] = "-",
+    batch_tokens: Annotated[int, typer.Option("--batch-tokens", min=1, help="Source or target tokens per batch, padding included.")] = 4096,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Score pairs with a trained model: each target's mean log-probability given its source (higher is better), or with --reverse-model the dual score; for data.train[].scores."""
+    from seq2seq_cli.data.scoring import read_pairs, score_pairs
+    from seq2seq_cli.device import pick_device
+    from seq2seq_cli.run.loaded import load_run
+
+    pairs = read_pairs(input, src, tgt)  # the files are checked before a model loads
+    where = pick_device(device, setting="--device")
+    runs = [load_run(m, where) for m in (model, reverse_model) if m is not None]
+    inputs = {flag: path for flag, path in (("--input", input), ("--src", src), ("--tgt", tgt)) if path is not None}
+    count = score_pairs(runs, where, pairs, output, batch_tokens, inputs)
+    if output != "-":
+        typer.echo(f"wrote {count} scores to {output}", err=True)
+
+
+@app.command()
+@user_errors
 def average(
     model: Annotated[Path, typer.Option("--model", "-m", help="Run directory whose step checkpoints are averaged.")],
     last: Annotated[int, typer.Option("--last", "-n", min=1, help="How many of the newest intact step checkpoints to average.")] = 2,
