@@ -19,6 +19,7 @@ from pydantic import (
 
 # the data section, part of this tree (re-exported)
 from seq2seq_cli.config_data import CORPUS_LIST as CORPUS_LIST
+from seq2seq_cli.config_data import SPLIT_TAGS as SPLIT_TAGS
 from seq2seq_cli.config_data import CorpusConfig as CorpusConfig
 from seq2seq_cli.config_data import DataConfig as DataConfig
 from seq2seq_cli.config_data import FiltersConfig as FiltersConfig

@@ -89,10 +89,18 @@ class CorpusConfig(SplitConfig):
 
 
 CORPUS_LIST = "corpora"  # the tag pydantic puts in an error's location for the list form of data.train
+SPLIT_MAPPING = "mapping"  # ... and for the mapping form of data.valid and data.test ({hub: ..., split: ...})
+SPLIT_TAGS = ("path", CORPUS_LIST, SPLIT_MAPPING)  # every such tag, which error messages leave out
 
 TrainSplit = Annotated[
     Annotated[str, Tag("path")] | Annotated[list[CorpusConfig], Tag(CORPUS_LIST)],
     Discriminator(lambda v: CORPUS_LIST if isinstance(v, list) else "path"),
+]
+
+
+OneSplit = Annotated[
+    Annotated[str, Tag("path")] | Annotated[SplitConfig, Tag(SPLIT_MAPPING)],
+    Discriminator(lambda v: SPLIT_MAPPING if isinstance(v, (dict, SplitConfig)) else "path"),
 ]
 
 
@@ -136,8 +144,8 @@ class DataConfig(Section):
         description="training split: a prefix (text files), a .tsv/.jsonl/.tmx file or a Moses .zip; a Hub dataset "
         "{hub, config, split}; or a list of corpora, each {path or hub, weight, tag}"
     )
-    valid: str | SplitConfig | None = Field(None, description="validation split, as train (one path, or a Hub dataset)")
-    test: str | SplitConfig | None = Field(None, description="test split, as valid (used by the quick start)")
+    valid: OneSplit | None = Field(None, description="validation split, as train (one path, or a Hub dataset)")
+    test: OneSplit | None = Field(None, description="test split, as valid (used by the quick start)")
     format: Literal["auto", "text", "tsv", "jsonl", "tmx", "moses"] = Field(
         "auto", description="auto: .tsv/.jsonl/.tmx (optionally .gz or .xz) and .zip by file name, else two aligned text files"
     )

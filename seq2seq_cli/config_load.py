@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from seq2seq_cli.config import ARCHITECTURE_KEYS, CORPUS_LIST, VOCABULARY_KEYS, Config, dotted_key
+from seq2seq_cli.config import ARCHITECTURE_KEYS, SPLIT_TAGS, VOCABULARY_KEYS, Config, dotted_key
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
 from seq2seq_cli.layout import run_of_config
@@ -94,9 +94,9 @@ def _describe(
     err: ErrorDetails, source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
     overridden: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
 ) -> str:
-    # the union of data.train puts its member's tag in the location: data.train.corpora.1.weight
+    # the unions of data.train, valid and test put their member's tag in the location: data.train.corpora.1.weight
     loc = tuple(str(p) for i, p in enumerate(err["loc"])
-                if not (i and err["loc"][i - 1] == "train" and p in ("path", CORPUS_LIST)))
+                if not (i and err["loc"][i - 1] in ("train", "valid", "test") and p in SPLIT_TAGS))
     key = dotted_key(loc)
     known = next((loc[:n] for n in range(len(loc), 1, -1) if loc[:n] in lines), loc)  # nearest key with a line
     where = f"{source}:{lines[known]}" if known in lines else source
