@@ -52,7 +52,10 @@ def repeat_corpus(out: Path, times: int | None = None, pairs: int | None = None)
 def write_config(tmp: Path, name: str, train: str, spm_model: Path, steps: int) -> Path:
     raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
     raw["name"], raw["run_dir"] = name, str(tmp / "runs" / name)
-    raw["data"].update({"train": train, "valid": None, "test": None, "max_src_len": 128, "max_tgt_len": 128})
+    # the corpus repeats the shipped one, all duplicates: the cleaning filters are off, so that this measures
+    # reading and encoding alone (what the filters cost: bench/noise.py)
+    raw["data"].update({"train": train, "valid": None, "test": None, "max_src_len": 128, "max_tgt_len": 128,
+                        "filters": False})
     raw["tokenizer"].update({"src_model": str(spm_model), "vocab_size": 4000})
     raw["model"].update({"d_model": 64, "ffn_size": 128, "heads": 2})
     raw["train"].update({"max_steps": steps, "valid_every": 10_000, "log_every": 10, "threads": 2, "max_tokens": 2048})
@@ -74,7 +77,7 @@ def main() -> None:
     ap.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+    from seq2seq_cli.config import Config, DataConfig, FiltersConfig, TokenizerConfig, TrainConfig
     from seq2seq_cli.data.tokenizer import load_tokenizers
     from seq2seq_cli.run.tokenizing import train_tokenizer
 
@@ -112,7 +115,7 @@ def main() -> None:
         for proc in args.num_proc if args.pairs else []:
             cfg = Config(name="enc", run_dir=str(tmp / f"enc{proc}"),
                          data=DataConfig(train=million, src_lang="es", tgt_lang="en", num_proc=proc, max_src_len=256,
-                                         max_tgt_len=256),
+                                         max_tgt_len=256, filters=FiltersConfig(enabled=False)),
                          train=TrainConfig(max_steps=1))
             start = time.perf_counter()
             corpus = encoded_split(cfg, million, src_sp, tgt_sp, training=True)

@@ -65,7 +65,10 @@ def write_config(tmp: Path, name: str, prefixes: list[str], weights: list[float]
     raw["name"], raw["run_dir"] = name, str(tmp / "runs" / name)
     train: str | list[dict] = (prefixes[0] if len(prefixes) == 1
                                else [{"path": p, "weight": w} for p, w in zip(prefixes, weights, strict=True)])
-    raw["data"].update({"train": train, "valid": None, "test": None, "max_src_len": 128, "max_tgt_len": 128})
+    # the corpus repeats the shipped one, all duplicates: the cleaning filters are off, so that this measures
+    # reading and encoding alone (what the filters cost: bench/noise.py)
+    raw["data"].update({"train": train, "valid": None, "test": None, "max_src_len": 128, "max_tgt_len": 128,
+                        "filters": False})
     raw["tokenizer"].update({"vocab_size": 8000, "input_sentence_size": sample})
     if spm_model is not None:
         raw["tokenizer"]["src_model"] = str(spm_model)

@@ -7,39 +7,25 @@ Reading it from YAML with `--set` overrides, and describing what is wrong with i
 
 from __future__ import annotations
 
-import os
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
     PrivateAttr,
-    Tag,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from seq2seq_cli.ids import BOS, RESERVED_PIECES
-
-
-def _number_kind(annotation: Any) -> str | None:
-    """'an integer' or 'a number' when a field of this type holds numbers (optionally None, or
-    a tuple of them), None otherwise (a bool, a string, a section ...)."""
-    if annotation is int:
-        return "an integer"
-    if annotation is float:
-        return "a number"
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple):
-        kinds = {_number_kind(arg) for arg in typing.get_args(annotation) if arg is not type(None) and arg is not ...}
-        if len(kinds) == 1:
-            return kinds.pop()
-    return None
+# the data section, part of this tree (re-exported)
+from seq2seq_cli.config_data import CORPUS_LIST as CORPUS_LIST
+from seq2seq_cli.config_data import SPLIT_TAGS as SPLIT_TAGS
+from seq2seq_cli.config_data import CorpusConfig as CorpusConfig
+from seq2seq_cli.config_data import DataConfig as DataConfig
+from seq2seq_cli.config_data import FiltersConfig as FiltersConfig
+from seq2seq_cli.config_data import SplitConfig as SplitConfig
+from seq2seq_cli.config_section import Section
+from seq2seq_cli.ids import BOS
 
 
 def dotted_key(loc: tuple[str, ...]) -> str:
@@ -48,103 +34,6 @@ def dotted_key(loc: tuple[str, ...]) -> str:
 
 
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"  # the devices a setting or --device names: train.device, decode's --device
-
-
-class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, values are checked on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """A number is never read from true/false (YAML's `yes`, `on` ...), which pydantic
-        would take as 1 or 0."""
-        kind = _number_kind(cls.model_fields[info.field_name].annotation) if info.field_name else None
-        items = value if isinstance(value, (list, tuple)) else [value]
-        if kind is not None and any(isinstance(v, bool) for v in items):
-            raise ValueError(f"expected {kind}, not true or false")
-        return value
-
-
-class CorpusConfig(Section):
-    """One training corpus of several (`data.train` as a list)."""
-
-    path: str = Field(description="a prefix (text files) or a .tsv/.jsonl/.tmx file, as data.train")
-    weight: float = Field(
-        1.0, gt=0, allow_inf_nan=False,
-        description="pairs per epoch = round(weight x pairs kept): 2 = every pair twice, 0.5 = a different half each epoch",
-    )
-    tag: str | None = Field(None, description="a token put in front of each source sentence, e.g. '<bt>' or '>>fr<<'")
-
-    @field_validator("tag")
-    @classmethod
-    def _one_token(cls, tag: str | None) -> str | None:
-        if tag is not None and (not tag or tag != tag.strip() or len(tag.split()) != 1):
-            raise ValueError("a tag is one token without spaces, e.g. '<bt>'")
-        if tag in RESERVED_PIECES:
-            piece_id, role = RESERVED_PIECES[tag]
-            reserved = ", ".join(RESERVED_PIECES)
-            raise ValueError(f"{tag!r} is the tokenizer's {role} piece (id {piece_id}); a tag is a piece of its own, "
-                             f"not one of the reserved {reserved}")
-        return tag
-
-
-CORPUS_LIST = "corpora"  # the tag pydantic puts in an error's location for the list form of data.train
-
-TrainSplit = Annotated[
-    Annotated[str, Tag("path")] | Annotated[list[CorpusConfig], Tag(CORPUS_LIST)],
-    Discriminator(lambda v: CORPUS_LIST if isinstance(v, list) else "path"),
-]
-
-
-class DataConfig(Section):
-    src_lang: str = Field("src", description="suffix of source files: PREFIX.SRC_LANG")
-    tgt_lang: str = Field("tgt", description="suffix of target files: PREFIX.TGT_LANG")
-    train: TrainSplit = Field(
-        description="training split: a prefix (text files) or a .tsv/.jsonl/.tmx file; or a list of corpora, "
-        "each {path, weight, tag}"
-    )
-    valid: str | None = Field(None, description="validation split, as train")
-    test: str | None = Field(None, description="test split, as train (used by the quick start)")
-    format: Literal["auto", "text", "tsv", "jsonl", "tmx"] = Field(
-        "auto", description="auto: .tsv/.jsonl/.tmx (optionally .gz) by file name, else two aligned text files"
-    )
-    src_field: str | None = Field(None, description="JSONL field of the source; default src_lang")
-    tgt_field: str | None = Field(None, description="JSONL field of the target; default tgt_lang")
-    on_empty: Literal["skip", "error"] = Field("skip", description="pairs with an empty side: skip and count, or stop")
-    max_src_len: int = Field(256, ge=1, description="training pairs with more source subwords are dropped")
-    max_tgt_len: int = Field(256, ge=1, description="training pairs with more target subwords are dropped")
-    max_len_ratio: float | None = Field(
-        None, ge=1.0, description="drop training pairs whose subword lengths differ by more than this factor"
-    )
-    dedup: bool = Field(False, description="drop repeated (source, target) training pairs")
-    num_proc: int = Field(1, ge=1, description="processes for reading and encoding")
-
-    @field_validator("train")
-    @classmethod
-    def _distinct_corpora(cls, train: str | list[CorpusConfig]) -> str | list[CorpusConfig]:
-        if isinstance(train, list):
-            if not train:
-                raise ValueError("an empty list: give at least one corpus ({path, weight, tag})")
-            seen: dict[str, int] = {}
-            for i, corpus in enumerate(train):
-                key = os.path.normpath(corpus.path)
-                if key in seen:
-                    raise ValueError(f"entry {i} ({corpus.path}) repeats entry {seen[key]}: give each corpus once "
-                                     "(raise its weight to use it more)")
-                seen[key] = i
-        return train
-
-    @property
-    def corpora(self) -> list[CorpusConfig]:
-        """The training corpora: the list given, or the one path as a corpus of weight 1."""
-        return list(self.train) if isinstance(self.train, list) else [CorpusConfig(path=self.train)]
-
-    @property
-    def tags(self) -> list[str]:
-        """The corpus tags, each once, in the order given."""
-        return list(dict.fromkeys(c.tag for c in self.corpora if c.tag))
 
 
 class TokenizerConfig(Section):

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from seq2seq_cli.config import ARCHITECTURE_KEYS, CORPUS_LIST, VOCABULARY_KEYS, Config, dotted_key
+from seq2seq_cli.config import ARCHITECTURE_KEYS, SPLIT_TAGS, VOCABULARY_KEYS, Config, dotted_key
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
 from seq2seq_cli.layout import run_of_config
@@ -94,9 +94,9 @@ def _describe(
     err: ErrorDetails, source: str, lines: dict[tuple[str, ...], int], model: type[BaseModel],
     overridden: set[tuple[str, ...]] = frozenset(),  # type: ignore[assignment]
 ) -> str:
-    # the union of data.train puts its member's tag in the location: data.train.corpora.1.weight
+    # the unions of data.train, valid and test put their member's tag in the location: data.train.corpora.1.weight
     loc = tuple(str(p) for i, p in enumerate(err["loc"])
-                if not (i and err["loc"][i - 1] == "train" and p in ("path", CORPUS_LIST)))
+                if not (i and err["loc"][i - 1] in ("train", "valid", "test") and p in SPLIT_TAGS))
     key = dotted_key(loc)
     known = next((loc[:n] for n in range(len(loc), 1, -1) if loc[:n] in lines), loc)  # nearest key with a line
     where = f"{source}:{lines[known]}" if known in lines else source
@@ -216,13 +216,25 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path) if path else path
 
 
+def _absolute_split(split: Any) -> Any:
+    """A split (a path, or a `SplitConfig`) with its path made absolute; a Hub dataset named by
+    a local folder too (a name on the Hub stays as it is)."""
+    if isinstance(split, str):
+        return _absolute(split)
+    if split.path is not None:
+        return split.model_copy(update={"path": _absolute(split.path)})
+    if split.hub and os.path.isdir(split.hub):
+        return split.model_copy(update={"hub": _absolute(split.hub)})
+    return split
+
+
 def with_absolute_paths(config: Config) -> Config:
-    """`config` with its data files (data.train, each corpus, valid, test) and given tokenizer
-    models made absolute, against the current directory, where they are read."""
+    """`config` with its data files (data.train, each corpus and its scores, valid, test) and
+    given tokenizer models made absolute, against the current directory, where they are read."""
     d, t = config.data, config.tokenizer
-    train = ([c.model_copy(update={"path": _absolute(c.path)}) for c in d.train] if isinstance(d.train, list)
-             else _absolute(d.train))
-    data = d.model_copy(update={"train": train, **{k: _absolute(v) for k in ("valid", "test") if (v := getattr(d, k))}})
+    train = ([_absolute_split(c).model_copy(update={"scores": c.scores and _absolute(c.scores)}) for c in d.train]
+             if isinstance(d.train, list) else _absolute(d.train))
+    data = d.model_copy(update={"train": train, **{k: _absolute_split(v) for k in ("valid", "test") if (v := getattr(d, k))}})
     tokenizer = t.model_copy(update={k: _absolute(v) for k in ("src_model", "tgt_model") if (v := getattr(t, k))})
     return config.model_copy(update={"data": data, "tokenizer": tokenizer})
 

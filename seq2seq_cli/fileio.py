@@ -3,9 +3,9 @@
 Every file the tool writes goes through `atomic_write` (temp file, fsync, rename), so a
 reader sees the old file or the new one, never half of one. Text input is checked by one
 scanner, `check_utf8`, whose error names the file, the line and the byte offset of the
-first invalid UTF-8 in it. A name ending in `.gz` is read through gzip. A directory written as a whole (an imported or
-exported model) goes through `replacing_dir`: it is built under a temporary name beside the
-old one and swapped in only when complete.
+first invalid UTF-8 in it. A name ending in `.gz` (`.xz`) is read through gzip (lzma). A
+directory written as a whole (an imported or exported model) goes through `replacing_dir`: it
+is built under a temporary name beside the old one and swapped in only when complete.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import lzma
 import os
 import shutil
 import stat
@@ -168,7 +169,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def open_bytes(path: Path) -> BinaryIO:
-    """`path` opened for reading bytes, decompressed when its name ends in .gz."""
+    """`path` opened for reading bytes, decompressed when its name ends in .gz or .xz."""
+    if path.suffix == ".xz":
+        return lzma.open(path, "rb")  # type: ignore[return-value]
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
 
 

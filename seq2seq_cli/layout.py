@@ -7,6 +7,9 @@
     RUN/checkpoints/NAME.safetensors  weights; NAME.state.pt training state; NAME.json manifest;
                                      NAME is last, best or step-00001000 (managed by training)
     RUN/shortlist.tsv                the lexical shortlist of the training data (`decode.shortlist`)
+    RUN/data_report.json             what the training data looks like: pairs read, kept, dropped by each filter,
+    RUN/data_report.png              lengths (and their plot), written with the tokenizer
+    RUN/dropped.tsv.gz               every training pair a filter dropped, with the filter's name
     RUN/metrics.jsonl                one JSON record per line
     RUN/tensorboard/                 TensorBoard events
     RUN/plots/curves.png             the learning curves
@@ -27,6 +30,7 @@ LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 SHORTLIST = "shortlist.tsv"
+DATA_REPORT, DATA_PLOT, DROPPED = "data_report.json", "data_report.png", "dropped.tsv.gz"
 TENSORBOARD = "tensorboard"
 PLOTS = "plots"
 CURVES = "curves.png"
@@ -100,6 +104,18 @@ class RunLayout:
         return self.root / SHORTLIST
 
     @property
+    def data_report(self) -> Path:
+        return self.root / DATA_REPORT
+
+    @property
+    def data_plot(self) -> Path:
+        return self.root / DATA_PLOT
+
+    @property
+    def dropped(self) -> Path:
+        return self.root / DROPPED
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / TENSORBOARD
 
@@ -166,7 +182,7 @@ class RunLayout:
         """The files at the top of the run that the run owns: its config, lock, metrics, shortlist and
         every tokenizer or vocabulary file a run may hold."""
         return [self.config, self.lock, self.metrics, self.shortlist, self.root / JOINT_SPM, *self.spm_models(False),
-                *self.vocab_spm(), *self.vocab_files(False)]
+                *self.vocab_spm(), *self.vocab_files(False), self.data_report, self.data_plot, self.dropped]
 
     def owner_of(self, path: Path) -> Path | None:
         """The file or directory of this run that owns `path` (after links): one of `owned_files`, a

@@ -169,7 +169,8 @@ def test_cache_is_reused_and_rebuilt_when_tokenizer_or_data_change(tmp_path, mod
     _write(Path(train), [f"{s}\t{t}" for s, t in zip(ES[:10], EN[:10])])
     changed = encoded_split(config, train, small, small, training=True)
     assert not changed.from_cache and len(changed) == 10
-    stricter = encoded_split(config.model_copy(update={"data": config.data.model_copy(update={"dedup": True})}),
+    filters = config.data.filters.model_copy(update={"duplicates": "normalized"})
+    stricter = encoded_split(config.model_copy(update={"data": config.data.model_copy(update={"filters": filters})}),
                              train, small, small, training=True)
     assert not stricter.from_cache
 
@@ -197,8 +198,11 @@ def test_filters_count_what_they_drop_in_log_and_metrics(tmp_path, models):
     assert "dropped 2 empty, 1 over 60/64 subwords, 1 over length ratio 6, 3 duplicates" in result.stderr
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     machine = {key: record.pop(key) for key in ("device", "precision", "cpu")}
+    others = {k: record.pop(k) for k in list(record) if k.startswith("train_dropped_") and k not in (
+        "train_dropped_empty", "train_dropped_too_long", "train_dropped_ratio", "train_dropped_duplicate")}
     assert record == {"step": 0, "train_pairs": 20, "train_dropped_empty": 2, "train_dropped_too_long": 1,
                       "train_dropped_ratio": 1, "train_dropped_duplicate": 3}
+    assert others and set(others.values()) == {0}  # the cleaning filters drop none of these pairs
     assert machine["device"] == "cpu" and machine["precision"] in ("fp32", "bf16") and machine["cpu"]["cores"] >= 1
 
 

@@ -75,14 +75,15 @@ def test_training_the_tokenizer_on_a_tsv_corpus_keeps_none_of_its_pages_resident
     of each batch are dropped once it is read."""
     import sentencepiece as spm
 
-    from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+    from seq2seq_cli.config import Config, DataConfig, FiltersConfig, TokenizerConfig, TrainConfig
     from seq2seq_cli.data import tokenizer
 
     prefix = write_corpus(tmp_path / "corpus", 25_000)
     src, tgt = (Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("es", "en"))
     tsv = tmp_path / "big.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, tgt, strict=True)), encoding="utf-8")
-    config = Config(name="t", run_dir=str(tmp_path / "run"), data=DataConfig(train=str(tsv), src_lang="es", tgt_lang="en"),
+    config = Config(name="t", run_dir=str(tmp_path / "run"), data=DataConfig(train=str(tsv), src_lang="es", tgt_lang="en",
+                                                                              filters=FiltersConfig(enabled=False)),
                     tokenizer=TokenizerConfig(vocab_size=60, input_sentence_size=2000), train=TrainConfig(max_steps=1))
     seen: list[int] = []
     real = spm.SentencePieceTrainer.train
@@ -106,7 +107,7 @@ def test_the_steps_of_encoding_leave_no_pages_resident_for_the_next(tmp_path, mo
     none once the corpus is open."""
     import sentencepiece as spm
 
-    from seq2seq_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+    from seq2seq_cli.config import Config, DataConfig, FiltersConfig, TokenizerConfig, TrainConfig
     from seq2seq_cli.data import encoding
 
     prefix = write_corpus(tmp_path / "corpus", 40_000)
@@ -114,7 +115,8 @@ def test_the_steps_of_encoding_leave_no_pages_resident_for_the_next(tmp_path, mo
     spm.SentencePieceTrainer.train(input=f"{prefix}.es,{prefix}.en", model_prefix=str(sp_prefix), vocab_size=60,
                                    input_sentence_size=2000, bos_id=1, eos_id=2, pad_id=0, unk_id=3, minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=f"{sp_prefix}.model")
-    config = Config(name="t", run_dir=str(tmp_path / "run"), data=DataConfig(train=prefix, src_lang="es", tgt_lang="en"),
+    config = Config(name="t", run_dir=str(tmp_path / "run"), data=DataConfig(train=prefix, src_lang="es", tgt_lang="en",
+                                                                              filters=FiltersConfig(enabled=False)),
                     tokenizer=TokenizerConfig(vocab_size=60), train=TrainConfig(max_steps=1))
 
     def mapped() -> set[str]:

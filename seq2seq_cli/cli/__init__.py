@@ -57,12 +57,19 @@ def _load(config: Path, overrides: list[str] | None):
 @app.command()
 @user_errors
 def tokenize(config: ConfigOpt, set_: SetOpt = None) -> None:
-    """Train the SentencePiece model(s) on the training split into the run directory."""
+    """Train the SentencePiece model(s) on the training split into the run directory, filter the training pairs and report what the data looks like (RUN/data_report.json, .png, RUN/dropped.tsv.gz)."""
+    from seq2seq_cli.data.report import read_data_report, report_table
+    from seq2seq_cli.layout import RunLayout
     from seq2seq_cli.run.tokenizing import train_tokenizer
 
     cfg = _load(config, set_)
-    for path in train_tokenizer(cfg):
+    for path in train_tokenizer(cfg, log=lambda line: typer.echo(line, err=True)):
         typer.echo(f"wrote {path}")
+    report = read_data_report(cfg.run_path)
+    if report is not None:
+        typer.echo(report_table(report))
+        layout = RunLayout(cfg.run_path)
+        typer.echo(f"wrote {layout.data_report}, {layout.data_plot}, {layout.dropped}")
 
 
 @app.command()
@@ -98,7 +105,7 @@ def info(
     src_len: Annotated[int, typer.Option("--src-len", min=1, help="Source tokens per sentence for the FLOP estimates.")] = 32,
     tgt_len: Annotated[int, typer.Option("--tgt-len", min=1, help="Target tokens per sentence for the FLOP estimates.")] = 32,
 ) -> None:
-    """Parameters per part (tied parts counted once), FLOPs per token and memory of a model."""
+    """Parameters per part (tied parts counted once), FLOPs per token and memory of a model; with --model, the run's data report."""
     from seq2seq_cli.model.info import info_report, model_from_config
 
     if (config is None) == (model is None):
@@ -106,13 +113,20 @@ def info(
     if model is not None:
         if set_:
             raise UserError("--set changes a config; it goes with --config, not --model")
+        from seq2seq_cli.data.report import read_data_report
         from seq2seq_cli.run.loaded import load_model
 
-        net = load_model(model).model
+        loaded = load_model(model)
+        net, report = loaded.model, read_data_report(loaded.run_dir)
     else:
         assert config is not None  # one of the two, checked above
-        net = model_from_config(_load(config, set_))
+        net, report = model_from_config(_load(config, set_)), None
     typer.echo(info_report(net, src_len, tgt_len))
+    if report is not None:
+        from seq2seq_cli.data.report import report_table
+
+        typer.echo("")
+        typer.echo(report_table(report))
 
 
 @app.command()
@@ -248,6 +262,32 @@ def evaluate(
     else:
         typer.echo(scores.bleu_line)
         typer.echo(scores.chrf_line)
+
+
+@app.command()
+@user_errors
+def score(
+    model: Annotated[Path, typer.Option("--model", "-m", metavar="RUN", help="Run (or checkpoint) of the source->target direction whose log-probabilities score the pairs.")],
+    reverse_model: Annotated[Path | None, typer.Option("--reverse-model", metavar="RUN", help="A run of the other direction (target->source): each pair gets the dual conditional cross-entropy score of the two.")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="The pairs, source<TAB>target a line.")] = None,
+    src: Annotated[Path | None, typer.Option("--src", "-s", help="The sources, one a line (with --tgt, instead of --input).")] = None,
+    tgt: Annotated[Path | None, typer.Option("--tgt", "-t", help="The targets, aligned with --src.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="Where the scores go, one a line in input order; - = stdout.")] = "-",
+    batch_tokens: Annotated[int, typer.Option("--batch-tokens", min=1, help="Source or target tokens per batch, padding included.")] = 4096,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Score pairs with a trained model: each target's mean log-probability given its source (higher is better), or with --reverse-model the dual score; for data.train[].scores."""
+    from seq2seq_cli.data.scoring import read_pairs, score_pairs
+    from seq2seq_cli.device import pick_device
+    from seq2seq_cli.run.loaded import load_run
+
+    pairs = read_pairs(input, src, tgt)  # the files are checked before a model loads
+    where = pick_device(device, setting="--device")
+    runs = [load_run(m, where) for m in (model, reverse_model) if m is not None]
+    inputs = {flag: path for flag, path in (("--input", input), ("--src", src), ("--tgt", tgt)) if path is not None}
+    count = score_pairs(runs, where, pairs, output, batch_tokens, inputs)
+    if output != "-":
+        typer.echo(f"wrote {count} scores to {output}", err=True)
 
 
 @app.command()

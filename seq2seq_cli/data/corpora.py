@@ -46,6 +46,7 @@ class Part:
     count: int  # pairs kept after the filters
     dropped: dict[str, int] = field(default_factory=dict)
     prefix: tuple[int, ...] = ()  # the tag's id, or nothing
+    source: dict[str, Any] = field(default_factory=dict)  # where its pairs came from: files, or a Hub dataset's revision
 
     @property
     def read(self) -> int:
@@ -62,7 +63,8 @@ class Part:
     def record(self) -> dict[str, Any]:
         """This corpus's counts for metrics.jsonl."""
         return {"path": self.path, "weight": self.weight, "tag": self.tag, "read": self.read, "kept": self.count,
-                **{f"dropped_{k}": v for k, v in self.dropped.items()}, "drawn_per_epoch": self.per_epoch}
+                **{f"dropped_{k}": v for k, v in self.dropped.items()}, "drawn_per_epoch": self.per_epoch,
+                **({"source": self.source} if self.source else {})}
 
 
 def _permutation(n: int, seed: int, corpus: int, cycle: int) -> np.ndarray:
@@ -157,19 +159,21 @@ def encode_corpora(
     corpora, parts, start, paths = [], [], 0, []
     for i, entry in enumerate(d.corpora):
         prefix = [tag_id(src_sp, entry.tag, config.where("data", "train", i, "tag"))] if entry.tag else []
-        corpus = encoded_split(config, entry.path, src_sp, tgt_sp, training=True, log=log, label=f"train.{i}",
+        corpus = encoded_split(config, entry, src_sp, tgt_sp, training=True, log=log, label=f"train.{i}",
                                prefix=prefix, cached=cached[i] if cached else None)
         paths.append(corpus.cache_path)
         if not len(corpus):
-            raise UserError(f"{config.where('data', 'train', i)}: {entry.path}: no training pairs left after "
+            raise UserError(f"{config.where('data', 'train', i)}: {entry}: no training pairs left after "
                             f"filtering ({describe_drops(corpus, config)})")
-        part = Part(entry.path, entry.weight, entry.tag, start, len(corpus), dict(corpus.dropped), tuple(prefix))
+        part = Part(str(entry), entry.weight, entry.tag, start, len(corpus), dict(corpus.dropped), tuple(prefix),
+                    corpus.source)
         if not part.per_epoch:
             raise UserError(f"{config.where('data', 'train', i, 'weight')}: weight {entry.weight:g} draws no pair of the "
                             f"{part.count} kept in an epoch (round(weight x pairs kept) = 0); give a weight of at least "
                             f"{0.5 / part.count:.2g}, or leave the corpus out")
         tagged = f", tag {entry.tag}" if entry.tag else ""
-        log(f"train: corpus {i} {entry.path}: {part.read} pairs read, {part.count} kept "
+        revision = corpus.source.get("resolved_revision")
+        log(f"train: corpus {i} {entry}{f' @ {revision}' if revision else ''}: {part.read} pairs read, {part.count} kept "
             f"({describe_drops(corpus, config)}); weight {entry.weight:g}{tagged}: {part.per_epoch} pairs per epoch")
         corpora.append(corpus)
         parts.append(part)

@@ -9,7 +9,6 @@ collated (`batching`).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import os
@@ -26,32 +25,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seq2seq_cli.data.formats import Source, quiet_datasets, read_split, split_source
+from seq2seq_cli.config import CorpusConfig
+from seq2seq_cli.data.filters import DESCRIPTIONS, ORDER, Drop, Filters, check_batch, read_scores, training_filters
+from seq2seq_cli.data.formats import Source, SplitValue, quiet_datasets, read_split, split_source
 from seq2seq_cli.data.pages import PageRelease, release_pages
+from seq2seq_cli.data.stats import DROPPED_FILE, split_stats, write_dropped
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import remove_dead_temps
 from seq2seq_cli.ids import BOS
 from seq2seq_cli.layout import RunLayout
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 ENCODE_BATCH = 1000
 PAIRS_FILE = "pairs.arrow"
 BUILDING = ".building-"  # RUN/cache/encoded/.building-PID.SPLIT-FINGERPRINT.tmp while a split is encoded
-
-
-class Drop(enum.IntEnum):
-    """Why a pair is dropped: the code in the `_drop` column while encoding (duplicates are
-    found afterwards, across rows). `key` names it in counts, the cache's stats and metrics."""
-
-    KEPT = 0
-    EMPTY = 1
-    TOO_LONG = 2
-    RATIO = 3
-    DUPLICATE = 4
-
-    @property
-    def key(self) -> str:
-        return self.name.lower()
 
 
 @dataclass
@@ -84,6 +71,7 @@ class EncodedCorpus:
     decoder_start: int = BOS
     parts: list[Any] | None = None  # several weighted corpora (`corpora.Part`s, in row order); None: one split
     prefix: list[int] = field(default_factory=list)  # the ids put in front of each source (a corpus tag)
+    source: dict[str, Any] = field(default_factory=dict)  # where the pairs came from (`Source.record`)
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -96,16 +84,6 @@ class EncodedCorpus:
         return cls(table, lens[0], lens[1], dict(dropped or {}))
 
 
-@dataclass(frozen=True)
-class Filters:
-    """What drops a training pair (lengths in subwords, EOS not counted)."""
-
-    max_src_len: int | None = None
-    max_tgt_len: int | None = None
-    max_len_ratio: float | None = None
-    dedup: bool = False
-
-
 def _encode_batch(
     batch: dict[str, list[str]], src_sp, tgt_sp, filters: Filters, release_dir: str | None = None,
     prefix: list[int] | None = None,
@@ -115,23 +93,7 @@ def _encode_batch(
     src_ids, tgt_ids = src_sp.encode(batch["src"]), tgt_sp.encode(batch["tgt"])
     if prefix:  # a corpus tag: its id in front of each source that has one (an empty source stays empty)
         src_ids = [prefix + s if s else s for s in src_ids]
-    drop, hashes = [], []
-    for s, t, text_s, text_t in zip(src_ids, tgt_ids, batch["src"], batch["tgt"]):
-        ls, lt = len(s), len(t)
-        if not ls or not lt:
-            code = Drop.EMPTY
-        elif (filters.max_src_len and ls > filters.max_src_len) or (filters.max_tgt_len and lt > filters.max_tgt_len):
-            code = Drop.TOO_LONG
-        elif filters.max_len_ratio and max(ls, lt) > filters.max_len_ratio * min(ls, lt):
-            code = Drop.RATIO
-        else:
-            code = Drop.KEPT
-        drop.append(int(code))
-        if filters.dedup:
-            digest = hashlib.blake2b(f"{text_s}\t{text_t}".encode(), digest_size=8).digest()
-            hashes.append(int.from_bytes(digest, "little", signed=True))
-        else:
-            hashes.append(0)
+    drop, hashes = check_batch(batch["src"], batch["tgt"], src_ids, tgt_ids, filters)
     return {
         "src_ids": src_ids, "tgt_ids": tgt_ids,
         "src_len": [len(s) + 1 for s in src_ids], "tgt_len": [len(t) + 1 for t in tgt_ids],
@@ -174,21 +136,28 @@ def column_values(table, name: str, dtype, release: Callable[[], None] | None = 
     return out
 
 
-def _keep(encoded, dedup: bool, release: Callable[[], None] | None = None) -> tuple[np.ndarray, dict[str, int]]:
-    """Indices of the rows that survive the filters, and how many each reason dropped."""
+def _keep(encoded, dedup: str | bool, release: Callable[[], None] | None = None,
+          scores: tuple[Any, float] | None = None) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
+    """Indices of the rows that survive the filters, how many each filter dropped (every
+    filter of `ORDER` named, 0 where none), and each row's drop code. `scores`: (the corpus's
+    scores, the lowest share to drop); then duplicates, among the rows still kept."""
     drop = column_values(encoded.data, "_drop", encoded.data.column("_drop").type.to_pandas_dtype(), release)
-    keep = drop == int(Drop.KEPT)
-    dropped = {code.key: int((drop == int(code)).sum()) for code in (Drop.EMPTY, Drop.TOO_LONG, Drop.RATIO)}
-    dropped[Drop.DUPLICATE.key] = 0
-    if dedup:
-        kept = np.flatnonzero(keep)
-        hashes = encoded.data.column("_hash").to_numpy()[kept]
+    drop = drop.astype(np.int8)
+    if scores is not None:
+        values, share = np.asarray(scores[0], dtype=np.float64), scores[1]
+        lowest = np.argsort(values, kind="stable")[: int(share * len(values))]
+        mine = lowest[drop[lowest] == int(Drop.KEPT)]
+        drop[mine] = int(Drop.SCORE)
+    if dedup and dedup != "off":
+        kept = np.flatnonzero(drop == int(Drop.KEPT))
+        hashes = column_values(encoded.data, "_hash", np.int64, release)[kept]
         _, first = np.unique(hashes, return_index=True)
         unique = np.zeros(len(kept), dtype=bool)
         unique[first] = True
-        keep[kept[~unique]] = False
-        dropped[Drop.DUPLICATE.key] = int((~unique).sum())
-    return np.flatnonzero(keep), dropped
+        drop[kept[~unique]] = int(Drop.DUPLICATE)
+    counts = np.bincount(drop, minlength=len(Drop))
+    dropped = {code.key: int(counts[int(code)]) for code in ORDER}
+    return np.flatnonzero(drop == int(Drop.KEPT)), dropped, drop
 
 
 def _corpus(table: pa.Table, dropped: dict[str, int], release: Callable[[], None] | None = None) -> EncodedCorpus:
@@ -217,7 +186,7 @@ def encode_corpus(dataset, src_sp, tgt_sp, max_src_len: int | None = None, max_t
     """Encode a `src`/`tgt` dataset in memory; drop (and count) pairs that are empty or longer
     than the limits (in subwords)."""
     encoded = _encode(dataset, src_sp, tgt_sp, Filters(max_src_len, max_tgt_len))
-    keep, dropped = _keep(encoded, False)
+    keep, dropped, _ = _keep(encoded, False)
     return _corpus(encoded.select(keep).flatten_indices(keep_in_memory=True).data.table, dropped)
 
 
@@ -240,7 +209,8 @@ def _write_kept(encoded, keep: np.ndarray, path: Path, release: Callable[[], Non
 def _fingerprint(source: Source, src_sp, tgt_sp, settings: dict[str, Any]) -> str:
     h = hashlib.sha256()
     files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in source.files]
-    h.update(json.dumps({"version": CACHE_VERSION, "format": source.format, "files": files, **settings}).encode())
+    h.update(json.dumps({"version": CACHE_VERSION, "format": source.format, "files": files, "source": source.record(),
+                         **settings}).encode())
     h.update(_model_bytes(src_sp))
     h.update(_model_bytes(tgt_sp))
     return h.hexdigest()[:20]
@@ -256,8 +226,16 @@ def _model_bytes(tok: Any) -> bytes:
 
 def _empty_line(source: Source, index: int, side: str, langs: tuple[str, str] | None = None) -> UserError:
     """The on_empty: error message for pair `index` (0-based), naming the file that holds `side`."""
+    if source.hub is not None:
+        return UserError(f"hub dataset {source.describe()} row {index}: empty {side} sentence "
+                         "(data.on_empty: error; set skip to drop such pairs)")
     path = source.files[0 if side == "source" or len(source.files) == 1 else 1]
     line = index + 1
+    if source.format == "moses" and langs is not None:  # the member of the zip that holds the side
+        from seq2seq_cli.data.moses import members
+
+        return UserError(f"{path}:{members(path, *langs)[0 if side == 'source' else 1]}:{line}: empty {side} sentence "
+                         "(data.on_empty: error; set skip to drop such pairs)")
     if source.format == "tmx" and langs is not None:  # a unit of a TMX file: the line of its <tu>
         from seq2seq_cli.data.tmx import unit_line
 
@@ -274,7 +252,7 @@ def _empty_error(encoded, source: Source, langs: tuple[str, str]) -> None:
     raise _empty_line(source, index, "source" if not row["src_ids"] else "target", langs)
 
 
-def check_no_empty_lines(raw, value: str, d) -> None:
+def check_no_empty_lines(raw, value: SplitValue, d) -> None:
     """data.on_empty: error -> raise for the first pair whose source or target text is blank,
     naming its file and line (checked on the text, before a tokenizer is trained)."""
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
@@ -288,25 +266,42 @@ def check_no_empty_lines(raw, value: str, d) -> None:
         raise _empty_line(source, found[side], side, (d.src_lang, d.tgt_lang))
 
 
+def _split_filters(config, value: SplitValue, training: bool) -> tuple[Filters, tuple[Any, float] | None]:
+    """The filters of a split: the data settings for training, the model's limit for
+    validation; and the score file that drops a share of a training corpus, with that share."""
+    d = config.data
+    if not training:
+        fits = config.model.max_positions - 1
+        return Filters(fits, fits), None
+    if isinstance(value, CorpusConfig) and value.scores is not None and value.drop_lowest > 0:
+        return training_filters(d), (value.scores, value.drop_lowest)
+    return training_filters(d), None
+
+
 def encoded_split(
-    config, value: str, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None,
+    config, value: SplitValue, src_sp, tgt_sp, training: bool, log: Callable[[str], None] = lambda _: None,
     cached: Path | None = None, label: str | None = None, prefix: list[int] | None = None,
 ) -> EncodedCorpus:
     """The encoded, filtered pairs of a split, from RUN/cache/encoded/ when the input files,
     tokenizer model(s) and filter settings are unchanged, else encoded (batched `datasets.map`,
-    data.num_proc processes) and cached there. The data filters apply to training; validation
-    drops only empty pairs and those longer than the model's positions (EOS or start counted).
-    `cached` names a cache another process made of the same split (rank 0 under torchrun, from
-    its copy of the files), read as it is. `label` names the cache (one per label: train,
-    valid, or train.N for corpus N of several); `prefix` (a tag's id) goes in front of every
-    source, counted by the length filters."""
+    data.num_proc processes, the filters checked pair by pair) and cached there, with the
+    split's length histograms and dropped pairs (`stats`). The data filters apply to training
+    (and a corpus's score file, `CorpusConfig.scores`); validation drops only empty pairs and
+    those longer than the model's positions (EOS or start counted). `cached` names a cache
+    another process made of the same split (rank 0 under torchrun, from its copy of the files),
+    read as it is. `label` names the cache (one per label: train, valid, or train.N for corpus
+    N of several); `prefix` (a tag's id) goes in front of every source, counted by the length
+    filters."""
     quiet_datasets()
     d, t = config.data, config.tokenizer
     source = split_source(value, d.src_lang, d.tgt_lang, d.format)
-    fits = config.model.max_positions - 1
-    filters = Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, d.dedup) if training else Filters(fits, fits)
+    filters, scores = _split_filters(config, value, training)
     settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
+    if scores is not None:
+        score_file = Path(scores[0])
+        settings["scores"] = [str(score_file.resolve()), score_file.stat().st_size if score_file.is_file() else -1,
+                              score_file.stat().st_mtime_ns if score_file.is_file() else -1, scores[1]]
     if prefix:
         settings["prefix"] = list(prefix)
     label = label or ("train" if training else "valid")
@@ -316,38 +311,11 @@ def encoded_split(
     if from_cache:
         log(f"reusing encoded {source.describe()} from {path}")
     else:
-        # what a killed encoding left behind (named by its process id) goes; a live one's stays
-        remove_dead_temps(root, BUILDING)
-        build = root / f"{BUILDING}{os.getpid()}.{path.name}.tmp"
-        shutil.rmtree(build, ignore_errors=True)
-        build.mkdir(parents=True)
-        try:
-            raw = read_split(config, value)
-            encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", RunLayout(config.run_path).cache,
-                              prefix)
-            # Each step that reads `datasets`' Arrow files faults in pages all over them: they
-            # are dropped after every step, so that the steps' pages do not add up.
-            release = PageRelease(RunLayout(config.run_path).cache)
-            release()
-            if d.on_empty == "error":
-                _empty_error(encoded, source, (d.src_lang, d.tgt_lang))
-            keep, dropped = _keep(encoded, filters.dedup, release)
-            release()
-            (build / "dataset").mkdir()
-            _write_kept(encoded, keep, build / "dataset" / PAIRS_FILE, release)
-            (build / "dataset" / "stats.json").write_text(json.dumps({"pairs": len(keep), "dropped": dropped}))
-            del encoded, raw
-            for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
-                if not old.name.startswith(BUILDING):
-                    shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(build / "dataset", path)
-        finally:
-            shutil.rmtree(build, ignore_errors=True)
+        _build(config, value, source, src_sp, tgt_sp, filters, scores, prefix, root, path, label)
     stats = json.loads((path / "stats.json").read_text())
     pairs, release_kept = _open_pairs(path / PAIRS_FILE)
     corpus = _corpus(pairs, stats["dropped"], release_kept)
-    corpus.from_cache, corpus.cache_path = from_cache, path
+    corpus.from_cache, corpus.cache_path, corpus.source = from_cache, path, stats.get("source", {})
     corpus.release = release_kept
     corpus.release()  # reading the length columns mapped pages all over the file
     corpus.decoder_start = config.model.decoder_start_id
@@ -357,13 +325,57 @@ def encoded_split(
     return corpus
 
 
+def _build(config, value: SplitValue, source: Source, src_sp, tgt_sp, filters: Filters, scores: tuple[Any, float] | None,
+           prefix: list[int] | None, root: Path, path: Path, label: str) -> None:
+    """Encode and filter a split into the cache directory `path` (built under a temporary name
+    in `root`, renamed when complete; the label's older caches removed)."""
+    d = config.data
+    # what a killed encoding left behind (named by its process id) goes; a live one's stays
+    remove_dead_temps(root, BUILDING)
+    build = root / f"{BUILDING}{os.getpid()}.{path.name}.tmp"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    try:
+        raw = read_split(config, value)
+        encoded = _encode(raw, src_sp, tgt_sp, filters, d.num_proc, build / "encoded.arrow", RunLayout(config.run_path).cache,
+                          prefix)
+        # Each step that reads `datasets`' Arrow files faults in pages all over them: they
+        # are dropped after every step, so that the steps' pages do not add up.
+        release = PageRelease(RunLayout(config.run_path).cache)
+        release()
+        if d.on_empty == "error":
+            _empty_error(encoded, source, (d.src_lang, d.tgt_lang))
+        if scores is not None:
+            scores = (read_scores(scores[0], len(encoded), str(value)), scores[1])
+        keep, dropped, drop = _keep(encoded, filters.dedup, release, scores)
+        release()
+        out = build / "dataset"
+        out.mkdir()
+        _write_kept(encoded, keep, out / PAIRS_FILE, release)
+        data = encoded.data
+        write_dropped(data.table if hasattr(data, "table") else data, drop, out / DROPPED_FILE, release)
+        numbers = split_stats(drop, *(column_values(data, name, np.int32, release) for name in ("src_len", "tgt_len")))
+        numbers.update({"pairs": len(keep), "dropped": dropped, "source": source.record(), "corpus": str(value)})
+        (out / "stats.json").write_text(json.dumps(numbers))
+        del encoded, raw, data
+        for old in root.glob(f"{label}-*"):  # one cache per split is kept: older ones are stale
+            if not old.name.startswith(BUILDING):
+                shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(out, path)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
 def describe_drops(corpus: EncodedCorpus, config) -> str:
-    """What the filters dropped from a training split, in words."""
+    """What the filters dropped from a training split, in words: the length limits always
+    (they always apply to training), the others where they dropped a pair."""
     d, dropped = config.data, corpus.dropped
-    # the length limits always apply to training (data.max_src_len/max_tgt_len are required)
     parts = [f"{dropped.get('empty', 0)} empty", f"{dropped.get('too_long', 0)} over {d.max_src_len}/{d.max_tgt_len} subwords"]
     if d.max_len_ratio:
         parts.append(f"{dropped.get('ratio', 0)} over length ratio {d.max_len_ratio:g}")
     if d.dedup:
         parts.append(f"{dropped.get('duplicate', 0)} duplicates")
+    named = {Drop.EMPTY, Drop.TOO_LONG} | ({Drop.RATIO} if d.max_len_ratio else set()) | ({Drop.DUPLICATE} if d.dedup else set())
+    parts += [f"{dropped[code.key]} {DESCRIPTIONS[code]}" for code in ORDER if code not in named and dropped.get(code.key)]
     return "dropped " + ", ".join(parts)

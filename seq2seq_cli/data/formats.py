@@ -3,8 +3,10 @@ checked line by line.
 
 A split is two aligned text files (PREFIX.SRC_LANG and PREFIX.TGT_LANG, one sentence per
 line), one TSV file (source<TAB>target per line, no quoting), one JSONL file (one object per
-line with a source and a target field, at the top level or under "translation") or one TMX
-file (`tmx`); any of them may be gzip-compressed. Problems are UserErrors naming the file, the line and what was
+line with a source and a target field, at the top level or under "translation"), one TMX
+file (`tmx`) or one OPUS Moses zip (`moses`, X.SRC_LANG and X.TGT_LANG inside); any file but
+the zip may be gzip- or xz-compressed. A split may also be a dataset of the Hugging Face Hub
+(`hub`). Problems are UserErrors naming the file, the line and what was
 expected: a missing file, invalid UTF-8 (with the byte offset), differing line counts, a TSV
 row without two columns, a JSONL line that is not an object or lacks a field.
 """
@@ -16,12 +18,14 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pyarrow.compute as pc
 
+from seq2seq_cli.config import SplitConfig
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import BOM, check_utf8, lone_surrogate
@@ -30,21 +34,44 @@ from seq2seq_cli.layout import RunLayout
 READ_BATCH = 1000
 
 
+COMPRESSED = (".gz", ".xz")
+
+
 @dataclass(frozen=True)
 class Source:
-    """Where one split's pairs come from: `files` is (source, target) for text, (file,) otherwise."""
+    """Where one split's pairs come from: `files` is (source, target) for text, (file,) for a
+    file, () for a Hub dataset (`hub`, its settings, and `revision`, the one found)."""
 
     format: str
     files: tuple[Path, ...]
+    hub: SplitConfig | None = None
+    revision: str = ""
 
     def describe(self) -> str:
+        if self.hub is not None:
+            return f"{self.hub.describe()} @ {self.revision}" if self.revision else self.hub.describe()
         return " + ".join(map(str, self.files))
+
+    def record(self) -> dict[str, Any]:
+        """Where the pairs came from, for the run's records: the files, or the Hub dataset with
+        the revision read."""
+        if self.hub is not None:
+            return {"format": "hub", "hub": self.hub.hub, "config": self.hub.config, "split": self.hub.split,
+                    "revision": self.hub.revision, "resolved_revision": self.revision}
+        return {"format": self.format, "files": [str(f) for f in self.files]}
+
+
+SplitValue = str | SplitConfig  # a split as the config gives it: a path, or a file or Hub dataset by its settings
 
 
 def infer_format(value: str, format: str = "auto") -> str:
     if format != "auto":
         return format
-    name = value.lower().removesuffix(".gz")
+    name = value.lower()
+    if name.endswith(".zip"):
+        return "moses"
+    for suffix in COMPRESSED:
+        name = name.removesuffix(suffix)
     if name.endswith((".tsv", ".tab")):
         return "tsv"
     if name.endswith((".jsonl", ".json")):
@@ -54,8 +81,15 @@ def infer_format(value: str, format: str = "auto") -> str:
     return "text"
 
 
-def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto") -> Source:
-    """The files of a split (a prefix for text files, a file path otherwise), checked to exist."""
+def split_source(value: SplitValue, src_lang: str, tgt_lang: str, format: str = "auto") -> Source:
+    """The files of a split (a prefix for text files, a file path otherwise), checked to exist;
+    a Hub dataset checked to be in the cache (see `hub.resolve`)."""
+    if isinstance(value, SplitConfig):
+        if value.hub is not None:
+            from seq2seq_cli.data.hub import resolve
+
+            return Source("hub", (), value, resolve(value))
+        value = value.path or ""
     fmt = infer_format(value, format)
     if fmt != "text":
         path = Path(value)
@@ -65,11 +99,11 @@ def split_source(value: str, src_lang: str, tgt_lang: str, format: str = "auto")
     files = []
     for lang in (src_lang, tgt_lang):
         path = Path(f"{value}.{lang}")
-        if not path.is_file() and Path(f"{path}.gz").is_file():
-            path = Path(f"{path}.gz")
+        if not path.is_file():
+            path = next((p for p in (Path(f"{path}{z}") for z in COMPRESSED) if p.is_file()), path)
         if not path.is_file():
             raise UserError(f"{path}: {_not_a_file(path)} (expected {value}.{src_lang} and {value}.{tgt_lang}, "
-                            "optionally .gz)")
+                            "optionally .gz or .xz)")
         files.append(path)
     return Source("text", tuple(files))
 
@@ -100,7 +134,7 @@ def corpus_sources(config) -> list[Source]:
     sources = []
     for i, corpus in enumerate(d.train):
         try:
-            sources.append(split_source(corpus.path, d.src_lang, d.tgt_lang, d.format))
+            sources.append(split_source(corpus, d.src_lang, d.tgt_lang, d.format))
         except UserError as exc:
             raise UserError(f"{config.where('data', 'train', i)}: {exc}") from None
     return sources
@@ -201,7 +235,7 @@ def _first_error(ds, path: Path) -> None:
 
 
 def read_parallel(
-    value: str, src_lang: str, tgt_lang: str, cache_dir: Path | None = None, *, format: str = "auto",
+    value: SplitValue, src_lang: str, tgt_lang: str, cache_dir: Path | None = None, *, format: str = "auto",
     src_field: str | None = None, tgt_field: str | None = None, num_proc: int = 1,
 ):
     """Read a split into a `datasets.Dataset` with columns `src` and `tgt`, one row per line.
@@ -213,6 +247,10 @@ def read_parallel(
     datasets = quiet_datasets()
     source = split_source(value, src_lang, tgt_lang, format)
     proc = num_proc if num_proc > 1 else None
+    if source.hub is not None:
+        from seq2seq_cli.data.hub import read_hub
+
+        return read_hub(source.hub, src_lang, tgt_lang, num_proc)
     if source.format == "text":
         src_file, tgt_file = source.files
         # each side's pages go once it is loaded, so the read's peak holds one side, not both
@@ -225,6 +263,10 @@ def read_parallel(
         return _released(datasets.concatenate_datasets([src.rename_column("text", "src"), tgt.rename_column("text", "tgt")],
                                                        axis=1))
     (path,) = source.files
+    if source.format == "moses":
+        from seq2seq_cli.data.moses import read_moses
+
+        return read_moses(path, src_lang, tgt_lang, cache_dir)
     if source.format == "tmx":
         from seq2seq_cli.data.tmx import read_tmx
 
@@ -248,7 +290,7 @@ def _released(dataset):
     return dataset
 
 
-def read_split(config, value: str):
+def read_split(config, value: SplitValue):
     """`read_parallel` of one split with the config's data settings (format, fields, processes),
     datasets' own cache in RUN/cache. `config` is a `seq2seq_cli.config.Config`."""
     d = config.data

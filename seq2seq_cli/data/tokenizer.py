@@ -69,7 +69,7 @@ def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, c
     t = config.tokenizer
     feed: dict[str, object] = {"input": [str(p) for p in inputs]} if isinstance(inputs, list) else {"sentence_iterator": inputs()}
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else ", ".join(c.path for c in config.data.corpora)
+    source = ", ".join(map(str, inputs)) if isinstance(inputs, list) else ", ".join(map(str, config.data.corpora))
     if symbols:
         feed["user_defined_symbols"] = symbols
     # Train into a temporary prefix and rename, so an interrupted run never leaves half a model.
@@ -125,7 +125,7 @@ def make_tokenizer(config: Config) -> list[Path]:
         return [src_model] if t.joint else [src_model, tgt_model]
     sources = corpus_sources(config)
     # Every line is checked (UTF-8, alignment, columns, fields) before anything is trained.
-    datasets = [read_split(config, corpus.path) for corpus in d.corpora]
+    datasets = [read_split(config, corpus) for corpus in d.corpora]
     (source,) = sources if len(sources) == 1 else (None,)
     plain = source is not None and source.format == "text" and not any(f.suffix == ".gz" for f in source.files)
     src_file, tgt_file = source.files if source is not None and plain else (None, None)

@@ -3,23 +3,30 @@ checkpoints need the tokenizer it has."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from seq2seq_cli.config import Config
-from seq2seq_cli.data.tokenizer import make_tokenizer
+from seq2seq_cli.data.report import write_data_report
+from seq2seq_cli.data.tokenizer import load_tokenizers, make_tokenizer
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.run import runlock
 
 
-def train_tokenizer(config: Config) -> list[Path]:
+def train_tokenizer(config: Config, log: Callable[[str], None] = lambda _: None) -> list[Path]:
     """Train the SentencePiece model(s) on the training split (or copy the ones
-    tokenizer.src_model/tgt_model name) into the run directory; return the model paths.
-    The run directory is locked meanwhile; a run with checkpoints is refused (see
-    `check_tokenizer_replaceable`)."""
+    tokenizer.src_model/tgt_model name) into the run directory, then encode and filter the
+    training corpora with them (the caches training reuses) and write the run's data report
+    (`seq2seq_cli/data/report.py`); return the model paths. The run directory is locked
+    meanwhile; a run with checkpoints is refused (see `check_tokenizer_replaceable`)."""
 
     with runlock.hold(config.run_path, runlock.command_line()):
         check_tokenizer_replaceable(config)
-        return make_tokenizer(config)
+        paths = make_tokenizer(config)
+        t = config.tokenizer
+        src_sp, tgt_sp = load_tokenizers(config.run_path, t.joint, t.vocabulary)
+        write_data_report(config, src_sp, tgt_sp, log)
+        return paths
 
 
 def check_tokenizer_replaceable(config: Config) -> None:

@@ -136,7 +136,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     valid_raw = read_split(config, d.valid) if d.valid else None
     if d.on_empty == "error":
         for corpus in d.corpora:
-            check_no_empty_lines(read_split(config, corpus.path), corpus.path, d)
+            check_no_empty_lines(read_split(config, corpus), corpus, d)
     # a vocabulary file comes with its run (imported, or copied by --init-from): never trained here
     have_tokenizer = all(p.is_file() for p in model_paths(run_dir, config.tokenizer.joint))
     if config.tokenizer.vocabulary == "sentencepiece" and not have_tokenizer:
@@ -159,7 +159,7 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
         if not len(valid_data):
             raise UserError(f"{d.valid}: no validation pair fits the model's {config.model.max_positions} positions "
                             "(EOS or start counted); give a validation split of shorter sentences")
-        log(describe_skipped(d.valid, valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
+        log(describe_skipped(str(d.valid), valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
     if procs.main:
         distributed.from_main(procs, (train_caches, valid_data.cache_path if valid_data else None))
     return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)

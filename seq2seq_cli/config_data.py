@@ -1,0 +1,193 @@
+"""The `data` section of the configuration: the splits (files, or datasets of the Hugging
+Face Hub), the corpora of training and their weights, tags and score files, and the cleaning
+filters. Part of the one configuration tree of `config.py`, which re-exports these names."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from seq2seq_cli.config_section import Section
+from seq2seq_cli.ids import RESERVED_PIECES
+
+
+class SplitConfig(Section):
+    """Where one split's pairs come from: a file (or prefix) on disk, or a dataset of the
+    Hugging Face Hub (read through `datasets`, offline once cached)."""
+
+    path: str | None = Field(None, description="a prefix (text files), a .tsv/.jsonl/.tmx file or an OPUS Moses .zip")
+    hub: str | None = Field(None, description="a Hub dataset (e.g. Helsinki-NLP/opus_books), or a local folder laid out as one")
+    config: str | None = Field(None, description="the Hub dataset's configuration (subset), e.g. en-es")
+    split: str | None = Field(None, description="the Hub dataset's split: train, validation, test ...")
+    revision: str | None = Field(None, description="the Hub dataset's revision (branch, tag or commit); null = the newest cached")
+    src_column: str | None = Field(None, description="the Hub dataset's source column; null = translation[src_lang]")
+    tgt_column: str | None = Field(None, description="the Hub dataset's target column; null = translation[tgt_lang]")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> SplitConfig:
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give either path (a file or prefix) or hub (a Hub dataset), not both")
+        hub_only = [k for k in ("config", "split", "revision", "src_column", "tgt_column") if getattr(self, k) is not None]
+        if self.path is not None and hub_only:
+            raise ValueError(f"{', '.join(hub_only)} go(es) with hub, not with path")
+        if self.hub is not None and self.split is None:
+            raise ValueError("a Hub dataset needs its split (e.g. split: train, or validation)")
+        if (self.src_column is None) != (self.tgt_column is None):
+            raise ValueError("give both src_column and tgt_column, or neither (the translation column)")
+        return self
+
+    def describe(self) -> str:
+        """The split in words: its path, or the Hub dataset with its config, split and revision."""
+        if self.path is not None:
+            return self.path
+        extra = [x for x in (self.config, self.split) if x]
+        at = f"@{self.revision}" if self.revision else ""
+        return f"{self.hub}{at} ({', '.join(extra)})"
+
+    def key(self) -> str:
+        """What tells two splits apart (a path normalised, or the Hub dataset's name, config and split)."""
+        if self.path is not None:
+            return os.path.normpath(self.path)
+        return f"hub:{self.hub}:{self.config}:{self.split}:{self.revision}:{self.src_column}:{self.tgt_column}"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+class CorpusConfig(SplitConfig):
+    """One training corpus of several (`data.train` as a list)."""
+
+    weight: float = Field(
+        1.0, gt=0, allow_inf_nan=False,
+        description="pairs per epoch = round(weight x pairs kept): 2 = every pair twice, 0.5 = a different half each epoch",
+    )
+    tag: str | None = Field(None, description="a token put in front of each source sentence, e.g. '<bt>' or '>>fr<<'")
+    scores: str | None = Field(
+        None, description="a file of one score per pair of this corpus, higher = better (`seq2seq score`)")
+    drop_lowest: float = Field(
+        0.0, ge=0.0, lt=1.0, description="share of the corpus's pairs with the lowest scores to drop (needs scores)")
+
+    @field_validator("tag")
+    @classmethod
+    def _one_token(cls, tag: str | None) -> str | None:
+        if tag is not None and (not tag or tag != tag.strip() or len(tag.split()) != 1):
+            raise ValueError("a tag is one token without spaces, e.g. '<bt>'")
+        if tag in RESERVED_PIECES:
+            piece_id, role = RESERVED_PIECES[tag]
+            reserved = ", ".join(RESERVED_PIECES)
+            raise ValueError(f"{tag!r} is the tokenizer's {role} piece (id {piece_id}); a tag is a piece of its own, "
+                             f"not one of the reserved {reserved}")
+        return tag
+
+    @model_validator(mode="after")
+    def _scores_for_drop(self) -> CorpusConfig:
+        if self.drop_lowest and self.scores is None:
+            raise ValueError("drop_lowest needs scores: a file of one score per pair (seq2seq score)")
+        return self
+
+
+CORPUS_LIST = "corpora"  # the tag pydantic puts in an error's location for the list form of data.train
+SPLIT_MAPPING = "mapping"  # ... and for the mapping form of data.valid and data.test ({hub: ..., split: ...})
+SPLIT_TAGS = ("path", CORPUS_LIST, SPLIT_MAPPING)  # every such tag, which error messages leave out
+
+TrainSplit = Annotated[
+    Annotated[str, Tag("path")] | Annotated[list[CorpusConfig], Tag(CORPUS_LIST)],
+    Discriminator(lambda v: CORPUS_LIST if isinstance(v, list) else "path"),
+]
+
+
+OneSplit = Annotated[
+    Annotated[str, Tag("path")] | Annotated[SplitConfig, Tag(SPLIT_MAPPING)],
+    Discriminator(lambda v: SPLIT_MAPPING if isinstance(v, (dict, SplitConfig)) else "path"),
+]
+
+
+class FiltersConfig(Section):
+    """The cleaning filters of the training corpora: each pair is dropped by the first filter
+    that rejects it (in this order) and counted under its name."""
+
+    enabled: bool = Field(True, description="false: every filter of this section off")
+    control: bool = Field(True, description="drop pairs with control characters, HTML/XML tags or entities")
+    same: bool = Field(True, description="drop pairs whose source equals their target (case and spaces aside)")
+    max_words: int | None = Field(150, ge=1, description="drop pairs with a side of more words (OpusCleaner max_length)")
+    length_ratio: float | None = Field(
+        0.6, gt=0.0, lt=1.0,
+        description="drop pairs with log(shorter words + 1) / log(longer words + 1) below this (OpusCleaner src_trg_ratio)",
+    )
+    numbers: bool = Field(True, description="drop pairs whose numbers differ more than they agree (OpusCleaner num_mismatch)")
+    urls: bool = Field(True, description="drop pairs whose URLs and e-mail addresses differ")
+    min_alpha: float | None = Field(
+        None, gt=0.0, le=1.0, description="drop pairs with a side whose share of letters (spaces aside) is below this")
+    max_repeats: int | None = Field(
+        None, ge=1, description="drop pairs with a word (or group of up to 3) repeated more than this many times in a row")
+    langid: bool = Field(True, description="drop pairs with a side not in its language (py3langid, data.src_lang/tgt_lang)")
+    langid_min_prob: float = Field(
+        0.05, gt=0.0, lt=1.0, description="a side is in its language unless the identifier gives it less than this probability")
+    duplicates: Literal["off", "exact", "normalized"] = Field(
+        "exact", description="drop repeated pairs: exact, or after lower-casing and removing punctuation and spaces")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        """`filters: off` (or false) is `filters: {enabled: false}`."""
+        if value is False or value == "off":
+            return {"enabled": False}
+        return value
+
+
+class DataConfig(Section):
+    src_lang: str = Field("src", description="suffix of source files: PREFIX.SRC_LANG")
+    tgt_lang: str = Field("tgt", description="suffix of target files: PREFIX.TGT_LANG")
+    train: TrainSplit = Field(
+        description="training split: a prefix (text files), a .tsv/.jsonl/.tmx file or a Moses .zip; a Hub dataset "
+        "{hub, config, split}; or a list of corpora, each {path or hub, weight, tag}"
+    )
+    valid: OneSplit | None = Field(None, description="validation split, as train (one path, or a Hub dataset)")
+    test: OneSplit | None = Field(None, description="test split, as valid (used by the quick start)")
+    format: Literal["auto", "text", "tsv", "jsonl", "tmx", "moses"] = Field(
+        "auto", description="auto: .tsv/.jsonl/.tmx (optionally .gz or .xz) and .zip by file name, else two aligned text files"
+    )
+    src_field: str | None = Field(None, description="JSONL field of the source; default src_lang")
+    tgt_field: str | None = Field(None, description="JSONL field of the target; default tgt_lang")
+    on_empty: Literal["skip", "error"] = Field("skip", description="pairs with an empty side: skip and count, or stop")
+    max_src_len: int = Field(256, ge=1, description="training pairs with more source subwords are dropped")
+    max_tgt_len: int = Field(256, ge=1, description="training pairs with more target subwords are dropped")
+    max_len_ratio: float | None = Field(
+        None, ge=1.0, description="drop training pairs whose subword lengths differ by more than this factor"
+    )
+    dedup: bool = Field(False, description="drop repeated (source, target) training pairs (as filters.duplicates: exact)")
+    filters: FiltersConfig = Field(FiltersConfig(), description="the cleaning filters of the training corpora")
+    num_proc: int = Field(1, ge=1, description="processes for reading and encoding")
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _one_mapping(cls, train: Any) -> Any:
+        """A mapping ({hub: ..., split: ...}, or {path: ..., scores: ...}) is a list of one corpus."""
+        return [train] if isinstance(train, dict) else train
+
+    @field_validator("train")
+    @classmethod
+    def _distinct_corpora(cls, train: str | list[CorpusConfig]) -> str | list[CorpusConfig]:
+        if isinstance(train, list):
+            if not train:
+                raise ValueError("an empty list: give at least one corpus ({path, weight, tag})")
+            seen: dict[str, int] = {}
+            for i, corpus in enumerate(train):
+                key = corpus.key()
+                if key in seen:
+                    raise ValueError(f"entry {i} ({corpus}) repeats entry {seen[key]}: give each corpus once "
+                                     "(raise its weight to use it more)")
+                seen[key] = i
+        return train
+
+    @property
+    def corpora(self) -> list[CorpusConfig]:
+        """The training corpora: the list given, or the one path as a corpus of weight 1."""
+        return list(self.train) if isinstance(self.train, list) else [CorpusConfig(path=self.train)]
+
+    @property
+    def tags(self) -> list[str]:
+        """The corpus tags, each once, in the order given."""
+        return list(dict.fromkeys(c.tag for c in self.corpora if c.tag))

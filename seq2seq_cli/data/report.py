@@ -1,0 +1,181 @@
+"""What the training data looks like: the data report of a run.
+
+The training corpora are encoded and filtered as training will encode them (the same caches,
+which training then reuses), and their counts and length histograms (kept beside each cache,
+`stats`) are summed into RUN/data_report.json: pairs read, kept and dropped by each filter,
+subword-length percentiles per side, and where each corpus came from (files, or the Hub
+dataset and its revision). RUN/data_report.png plots the lengths and the length ratio of the
+pairs read and kept; RUN/dropped.tsv.gz holds every dropped pair with its filter. The counts
+add up: read = kept + the sum of the drops.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seq2seq_cli.data.encoding import EncodedCorpus, encoded_split
+from seq2seq_cli.data.filters import DESCRIPTIONS, ORDER, active, training_filters
+from seq2seq_cli.data.stats import DROPPED_FILE, DROPPED_HEADER, RATIO_BINS, add_histograms, percentiles
+from seq2seq_cli.data.tokenizer import tag_id
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write, atomic_write_text
+from seq2seq_cli.layout import RunLayout
+
+REPORT_VERSION = 1
+
+
+def encode_training(config, src_sp, tgt_sp, log: Callable[[str], None]) -> list[EncodedCorpus]:
+    """Each training corpus encoded and filtered (and cached) exactly as `train` does, so that
+    training reuses what this encodes."""
+    d = config.data
+    if not isinstance(d.train, list):
+        return [encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log)]
+    corpora = []
+    for i, entry in enumerate(d.corpora):
+        prefix = [tag_id(src_sp, entry.tag, config.where("data", "train", i, "tag"))] if entry.tag else []
+        corpora.append(encoded_split(config, entry, src_sp, tgt_sp, training=True, log=log, label=f"train.{i}",
+                                     prefix=prefix))
+    return corpora
+
+
+def build_report(config, corpora: list[EncodedCorpus]) -> dict[str, Any]:
+    """The report of the encoded training corpora (each with its cache's stats.json)."""
+    d = config.data
+    rows, hist_read, hist_kept = [], None, None
+    for corpus in corpora:
+        if corpus.cache_path is None:
+            raise UserError("the data report needs the encoded corpora's caches")
+        stats = json.loads((corpus.cache_path / "stats.json").read_text(encoding="utf-8"))
+        rows.append({"corpus": stats["corpus"], "source": stats["source"], "read": stats["read"], "kept": stats["pairs"],
+                     "dropped": stats["dropped"]})
+        hist_read = add_histograms(hist_read, stats["lengths"]["read"])
+        hist_kept = add_histograms(hist_kept, stats["lengths"]["kept"])
+    assert hist_read is not None and hist_kept is not None  # at least one corpus
+    on = active(training_filters(d), any(c.scores is not None and c.drop_lowest for c in d.corpora))
+    dropped = {code.key: sum(r["dropped"].get(code.key, 0) for r in rows) for code in ORDER}
+    return {
+        "version": REPORT_VERSION,
+        "read": sum(r["read"] for r in rows), "kept": sum(r["kept"] for r in rows), "dropped": dropped,
+        "filters": {"on": [code.key for code in ORDER if code in on], "settings": d.filters.model_dump(mode="json"),
+                    "max_src_len": d.max_src_len, "max_tgt_len": d.max_tgt_len, "max_len_ratio": d.max_len_ratio},
+        "lengths": {stage: {side: percentiles(h[side]) for side in ("source", "target")}
+                    for stage, h in (("read", hist_read), ("kept", hist_kept))},
+        "histograms": {"read": hist_read, "kept": hist_kept, "ratio_bins_log2": RATIO_BINS.tolist()},
+        "corpora": rows,
+    }
+
+
+def report_table(report: dict[str, Any]) -> str:
+    """The report as a table: pairs read and kept, dropped by each filter with its share, and
+    subword-length percentiles per side."""
+    read = report["read"]
+    share = lambda n: f"{100 * n / read:6.2f}%" if read else "      -"  # noqa: E731
+    on = set(report["filters"]["on"])
+    lines = [f"{'training data':<46}{'pairs':>11} {'share':>7}", f"{'read':<46}{read:>11,} {share(read)}",
+             f"{'kept':<46}{report['kept']:>11,} {share(report['kept'])}", "dropped by"]
+    for code in ORDER:
+        n = report["dropped"].get(code.key, 0)
+        if code.key in on or n:
+            lines.append(f"  {code.key:<13}{DESCRIPTIONS[code]:<31}{n:>11,} {share(n)}")
+    off = [code.key for code in ORDER if code.key not in on]
+    if off:
+        lines.append(f"  (off: {', '.join(off)})")
+    lines.append(f"{'subwords per sentence':<46}{'p50':>6}{'p90':>6}{'p99':>6}{'max':>6}")
+    for stage in ("read", "kept"):
+        for side in ("source", "target"):
+            p = report["lengths"][stage][side]
+            lines.append(f"  {side + ' (' + stage + ')':<44}{p['p50']:>6}{p['p90']:>6}{p['p99']:>6}{p['max']:>6}")
+    if len(report["corpora"]) > 1:
+        for i, row in enumerate(report["corpora"]):
+            lines.append(f"corpus {i} {row['corpus']}: {row['read']:,} read, {row['kept']:,} kept")
+    revisions = [f"{row['corpus']} @ {row['source']['resolved_revision']}" for row in report["corpora"]
+                 if row["source"].get("resolved_revision")]
+    lines += [f"revision: {r}" for r in revisions]
+    return "\n".join(lines)
+
+
+def _write_dropped(corpora: list[EncodedCorpus], path: Path) -> None:
+    """The dropped pairs of every corpus in one gzip TSV: the corpus's number first."""
+
+    def write(tmp: str) -> None:
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) as out:
+            out.write("corpus\t" + DROPPED_HEADER)
+            for i, corpus in enumerate(corpora):
+                assert corpus.cache_path is not None
+                with gzip.open(corpus.cache_path / DROPPED_FILE, "rt", encoding="utf-8") as f:
+                    next(f, None)  # its header
+                    for line in f:
+                        out.write(f"{i}\t{line}")
+
+    atomic_write(path, write)
+
+
+def plot_report(report: dict[str, Any], path: Path) -> None:
+    """Subword lengths of each side and the length ratio, of the pairs read and kept, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = report["histograms"]
+    top = max(report["lengths"]["read"][side]["p99"] for side in ("source", "target"))
+    top = max(10, min(len(hist["read"]["source"]) - 1, int(top * 1.5)))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, side in zip(axes[:2], ("source", "target")):
+        for stage in ("read", "kept"):
+            counts = np.asarray(hist[stage][side][: top + 1])
+            ax.step(np.arange(len(counts)), counts, where="mid", label=f"{stage} ({sum(hist[stage][side]):,})")
+        ax.set_title(f"{side} subwords per sentence")
+        ax.set_xlabel("subwords")
+        ax.legend()
+    bins = np.asarray(hist["ratio_bins_log2"])
+    for stage in ("read", "kept"):
+        axes[2].step((bins[:-1] + bins[1:]) / 2, hist[stage]["ratio"], where="mid", label=stage)
+    axes[2].set_title("length ratio, log2(source / target subwords)")
+    axes[2].set_xlabel("log2 ratio")
+    axes[2].legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+    plt.close(fig)
+
+
+def _dumps(report: dict[str, Any]) -> str:
+    """The report as indented JSON, each list of numbers (a histogram) on one line."""
+
+    def one_line(match: re.Match[str]) -> str:
+        return "[" + ", ".join(x.strip() for x in match.group(0)[1:-1].split(",") if x.strip()) + "]"
+
+    return re.sub(r"\[[\d\s,.eE+-]*\]", one_line, json.dumps(report, indent=1))
+
+
+def write_data_report(config, src_sp, tgt_sp, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Encode the training corpora as training will, and write the run's data report, its plot
+    and its dropped pairs -> the report."""
+    corpora = encode_training(config, src_sp, tgt_sp, log)
+    report = build_report(config, corpora)
+    layout = RunLayout(config.run_path)
+    _write_dropped(corpora, layout.dropped)
+    plot_report(report, layout.data_plot)
+    atomic_write_text(layout.data_report, _dumps(report) + "\n")
+    for corpus in corpora:
+        if corpus.release is not None:
+            corpus.release()
+    return report
+
+
+def read_data_report(run_dir: Path) -> dict[str, Any] | None:
+    """The data report of a run, or None when it has none (a run tokenized before reports, or imported)."""
+    path = RunLayout(run_dir).data_report
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserError(f"{path}: not a data report ({exc}); run `seq2seq tokenize` again to rewrite it") from None

@@ -1,0 +1,140 @@
+"""The bad inputs of corpora by name, Moses zips, score files and `seq2seq score`: each one
+line on stderr naming the file (and line) or the config key and what was expected, with its
+exit code. Every case id here has a row in docs/errors.md."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from helpers import REPO, SHIPPED, train_shipped_tiny
+from seq2seq_cli.cli import app
+
+runner = CliRunner()
+ES = (SHIPPED / "valid.es").read_text(encoding="utf-8").splitlines()[:150]
+EN = (SHIPPED / "valid.en").read_text(encoding="utf-8").splitlines()[:150]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    """A workspace: a corpus as TSV, as a Hub folder and as a Moses zip, and a tiny run."""
+    tmp = tmp_path_factory.mktemp("data-errors")
+    (tmp / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(ES, EN)), encoding="utf-8")
+    (tmp / "hub" / "data").mkdir(parents=True)
+    for split in ("train", "validation"):
+        table = pa.table({"translation": [{"es": s, "en": t} for s, t in zip(ES, EN)]})
+        pq.write_table(table, tmp / "hub" / "data" / f"{split}-00000-of-00001.parquet")
+    with zipfile.ZipFile(tmp / "en-es.txt.zip", "w") as z:
+        z.writestr("Bible.en-es.en", "\n".join(EN) + "\n")
+        z.writestr("README", "\n")
+    with zipfile.ZipFile(tmp / "uneven.zip", "w") as z:
+        z.writestr("Bible.en-es.es", "\n".join(ES) + "\n")
+        z.writestr("Bible.en-es.en", "\n".join(EN[:-1]) + "\n")
+    (tmp / "three.tsv").write_text("uno\tone\ndos\ttwo\textra\n", encoding="utf-8")
+    train_shipped_tiny(tmp, "run", max_steps=2)
+    return tmp
+
+
+@pytest.fixture(autouse=True)
+def own_cache(ws, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", ws / "hf-cache")
+
+
+def config(ws: Path, name: str, **data) -> Path:
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(ws / f"run-{name}")
+    raw["data"].update({"train": str(ws / "pairs.tsv"), "valid": None, "test": None, **data})
+    path = ws / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def scores(ws: Path, name: str, text: str) -> str:
+    (ws / name).write_text(text, encoding="utf-8")
+    return str(ws / name)
+
+
+Case = tuple[Callable[[Path], list], list[str], int]
+CASES: dict[str, Case] = {
+    "hub-not-cached": (
+        lambda ws: ["tokenize", "-c", config(ws, "nocache", train={"hub": "Helsinki-NLP/opus_books", "config": "en-es",
+                                                                   "split": "train"})],
+        ["nocache.yaml: data.train[0]: hub dataset Helsinki-NLP/opus_books (en-es, train): it is not in the datasets "
+         "cache (", "HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0", "or set HF_DATASETS_CACHE"], 1),
+    "hub-no-split": (
+        lambda ws: ["tokenize", "-c", config(ws, "nosplit", train={"hub": str(ws / "hub"), "split": "dev"})],
+        ["(dev): no split 'dev' (it has train, validation)"], 1),
+    "hub-split-missing": (
+        lambda ws: ["tokenize", "-c", config(ws, "splitless", valid={"hub": str(ws / "hub")})],
+        ["data.valid: a Hub dataset needs its split (e.g. split: train, or validation)"], 1),
+    "hub-no-column": (
+        lambda ws: ["tokenize", "-c", config(ws, "nocolumn", train={"hub": str(ws / "hub"), "split": "train",
+                                                                    "src_column": "es", "tgt_column": "en"})],
+        ["(train): no column 'es', 'en' (its columns: translation)"], 1),
+    "hub-languages": (
+        lambda ws: ["tokenize", "-c", config(ws, "hublangs", train={"hub": str(ws / "hub"), "split": "train"},
+                                             src_lang="fr")],
+        ["(train): its translation column has no 'fr' (it has es, en); data.src_lang and data.tgt_lang name its languages"],
+        1),
+    "data-path-and-hub": (
+        lambda ws: ["tokenize", "-c", config(ws, "both", valid={"path": str(ws / "pairs.tsv"), "hub": "x/y"})],
+        ["data.valid: give either path (a file or prefix) or hub (a Hub dataset), not both"], 1),
+    "moses-member": (
+        lambda ws: ["tokenize", "-c", config(ws, "member", train=str(ws / "en-es.txt.zip"))],
+        ["en-es.txt.zip: no member ending in .es (its members: Bible.en-es.en, README); expected one file per language"], 1),
+    "moses-uneven": (
+        lambda ws: ["tokenize", "-c", config(ws, "uneven", train=str(ws / "uneven.zip"))],
+        ["uneven.zip: Bible.en-es.es has 150 lines but Bible.en-es.en has 149; source and target files must be aligned"], 1),
+    "scores-count": (
+        lambda ws: ["tokenize", "-c", config(ws, "fewscores", train=[{"path": str(ws / "pairs.tsv"), "drop_lowest": 0.1,
+                                                                      "scores": scores(ws, "few.txt", "-1.5\n-2\n")}])],
+        ["few.txt has 2 scores but ", "pairs.tsv has 150 pairs; score that corpus (seq2seq score --model RUN ...)"], 1),
+    "scores-not-number": (
+        lambda ws: ["tokenize", "-c", config(ws, "badscore", train=[{"path": str(ws / "pairs.tsv"), "drop_lowest": 0.1,
+                                                                     "scores": scores(ws, "bad.txt", "-1.5\nnan\n")}])],
+        ["bad.txt:2: expected a number (one score per pair, as seq2seq score writes), got 'nan'"], 1),
+    "scores-drop-without-file": (
+        lambda ws: ["tokenize", "-c", config(ws, "noscores", train=[{"path": str(ws / "pairs.tsv"), "drop_lowest": 0.1}])],
+        ["data.train[0]: drop_lowest needs scores: a file of one score per pair (seq2seq score)"], 1),
+    "filters-bad-threshold": (
+        lambda ws: ["tokenize", "-c", config(ws, "ratio"), "--set", "data.filters.length_ratio=1.5"],
+        ["--set data.filters.length_ratio: Input should be less than 1 (got 1.5)"], 1),
+    "score-columns": (
+        lambda ws: ["score", "-m", ws / "run", "-i", ws / "three.tsv", "--device", "cpu"],
+        ["three.tsv:2: expected 2 tab-separated columns (source, target), found 3"], 1),
+    "score-no-pairs": (
+        lambda ws: ["score", "-m", ws / "run", "--src", ws / "pairs.tsv", "--device", "cpu"],
+        ["give the pairs as --input PAIRS.tsv (source<TAB>target a line), or as --src FILE and --tgt FILE"], 1),
+    "score-reverse-direction": (
+        lambda ws: ["score", "-m", ws / "run", "--reverse-model", ws / "run", "-i", ws / "pairs.tsv", "--device", "cpu"],
+        ["translates es->en; the dual score needs en->es, the reverse of --model"], 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_with_its_exit_code(ws, case, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    make_args, fragments, code = CASES[case]
+    result = runner.invoke(app, [str(a) for a in make_args(ws)])
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("reusing ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_every_case_has_a_row_in_the_errors_page():
+    table = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.MULTILINE))
+    assert set(CASES) <= documented
