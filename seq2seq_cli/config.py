@@ -205,8 +205,9 @@ class DecodeConfig(Section):
         "auto", description="weights and activations when decoding: auto = bf16 on CUDA, fp32 on CPU; fp16 on CUDA only"
     )
     quantize: Literal["none", "int8"] = Field("none", description="int8: linear layers in int8 when decoding on CPU")
-    shortlist: bool = Field(
-        False, description="score only the target subwords the run's shortlist gives the source's subwords (RUN/shortlist.tsv)"
+    shortlist: bool | None = Field(
+        None, description="score only the target subwords the run's shortlist gives the source's subwords (RUN/shortlist.tsv); "
+        "null = where the run has one, true = required, false = the whole vocabulary"
     )
 
     @model_validator(mode="after")

@@ -1,6 +1,8 @@
 """The device and precision policy, one place for training, decoding and serving: which device a
 process runs on (`pick_device`), the precision training computes in (`resolve_precision`),
-the dtype a loaded model decodes in (`decoding_dtype`), and what the CPU offers."""
+the precision and dtype a loaded model decodes in (`decoding_precision`, `decoding_dtype`), and
+what the CPU offers. torch is imported by the functions that need it, so that the CTranslate2
+engine decides without it."""
 
 from __future__ import annotations
 
@@ -8,17 +10,20 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.config import DEVICE_PATTERN, DecodeConfig
 from seq2seq_cli.errors import UserError
+
+if TYPE_CHECKING:  # imported where a device or dtype is made: the decoding precision is decided without it
+    import torch
 
 
 def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -> torch.device:
     """A device setting (auto, cpu, cuda, cuda:N) -> the device of this process; with CUDA, GPU
     number `local_rank` (or N). `setting` names the option in errors: train.device, or --device."""
+    import torch
+
     given = f"{setting} {name}" if setting.startswith("-") else f"{setting}={name}"
     if not re.fullmatch(DEVICE_PATTERN, name):
         raise UserError(f"{setting} {name!r}: expected auto, cpu, cuda or cuda:N")
@@ -72,10 +77,29 @@ def describe_cpu() -> str:
     return f"{c['name']} ({where}{' '.join(c['flags']) or 'no AVX2'}), {c['cores']} cores"
 
 
+def cpu_threads() -> int:
+    """The threads decoding takes on a CPU, as torch counts them without being imported:
+    OMP_NUM_THREADS where set, else one per physical core this process may run on."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((topology / "physical_package_id").read_text().strip() + ":" + (topology / "core_id").read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
 @functools.cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16); asked
     once per process (autocast resolves the precision for every batch)."""
+    import torch
+
     try:
         caps = torch._C._cpu._get_cpu_capability()
     except (AttributeError, RuntimeError):  # a build of torch without the query: assume not
@@ -91,21 +115,25 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
 
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def decoding_dtype(decode: DecodeConfig, device: torch.device) -> torch.dtype:
-    """The dtype a loaded model decodes in: decode.precision, where auto is bf16 on CUDA and
-    float32 on CPU (whose fast paths, oneDNN packing and int8, are float32). Scores are
-    accumulated in float32 whatever the model's dtype (`search`). Settings that cannot go
-    together on `device` are refused here."""
-    if decode.quantize != "none" and device.type != "cpu":
+def decoding_precision(decode: DecodeConfig, device_type: str) -> str:
+    """The precision a loaded model decodes in on a device of `device_type` (cpu, cuda):
+    decode.precision, where auto is bf16 on CUDA and fp32 on CPU (whose fast paths, oneDNN
+    packing and int8, are fp32). Settings that cannot go together on the device are refused here."""
+    if decode.quantize != "none" and device_type != "cpu":
         raise UserError(f"--quantize {decode.quantize}: int8 decoding runs on CPU only; add --device cpu")
     precision = decode.precision
     if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "fp16" and device.type != "cuda":
+        precision = "bf16" if device_type == "cuda" else "fp32"
+    if precision == "fp16" and device_type != "cuda":
         raise UserError("--precision fp16: fp16 decoding runs on CUDA only; use bf16 or fp32 on this device")
     if decode.quantize != "none" and precision != "fp32":
         raise UserError(f"--quantize {decode.quantize} decodes with fp32 activations; leave out --precision {precision}")
-    return DTYPES[precision]
+    return precision
+
+
+def decoding_dtype(decode: DecodeConfig, device: torch.device) -> torch.dtype:
+    """The dtype of `decoding_precision` on `device`. Scores are accumulated in float32
+    whatever the model's dtype (`search`)."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[decoding_precision(decode, device.type)]

@@ -16,7 +16,9 @@ import hashlib
 import lzma
 import os
 import shutil
+import signal
 import stat
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -301,3 +303,21 @@ def check_output(output: Path, inputs: dict[str, Path], run_dir: Path | None, wh
         if owner is not None:
             part = owner.relative_to(run_dir) if owner != run_dir else "the run directory"
             raise UserError(f"{output}: belongs to the model's run {run_dir} ({part}); write {what} to another file")
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM ends the process as Ctrl-C does: by an exception (SystemExit
+    143), so that the temporary file of an output being written is removed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -10,6 +10,8 @@
     RUN/data_report.json             what the training data looks like: pairs read, kept, dropped by each filter,
     RUN/data_report.png              lengths (and their plot), written with the tokenizer
     RUN/dropped.tsv.gz               every training pair a filter dropped, with the filter's name
+    RUN/ctranslate2/NAME-SHA/        checkpoint NAME converted for CTranslate2 (SHA: the first 16 hex digits of its
+                                     weights' sha256), written on first use by the CTranslate2 engine
     RUN/metrics.jsonl                one JSON record per line
     RUN/tensorboard/                 TensorBoard events
     RUN/plots/curves.png             the learning curves
@@ -36,6 +38,7 @@ PLOTS = "plots"
 CURVES = "curves.png"
 CACHE = "cache"
 ENCODED = "encoded"
+CTRANSLATE2 = "ctranslate2"
 
 JOINT_SPM = "spm.model"
 SRC_SPM, TGT_SPM = "spm.src.model", "spm.tgt.model"
@@ -48,7 +51,7 @@ WEIGHTS, STATE, MANIFEST = ".safetensors", ".state.pt", ".json"
 LAST, BEST = "last", "best"
 STEP = re.compile(r"step-\d+")
 
-OUTPUTS = (CHECKPOINTS, METRICS, TENSORBOARD, PLOTS, SHORTLIST)
+OUTPUTS = (CHECKPOINTS, METRICS, TENSORBOARD, PLOTS, SHORTLIST, CTRANSLATE2)
 """What one training run writes (removed by --overwrite); the tokenizer, the cache and the config stay."""
 SUBDIRS = (CACHE, CHECKPOINTS, PLOTS, TENSORBOARD)
 """The directories a run writes into besides its top level."""
@@ -135,6 +138,14 @@ class RunLayout:
     def encoded(self) -> Path:
         return self.cache / ENCODED
 
+    @property
+    def ctranslate2(self) -> Path:
+        return self.root / CTRANSLATE2
+
+    def converted(self, checkpoint: str, sha256: str) -> Path:
+        """ctranslate2/NAME-SHA: checkpoint NAME (its weights' sha256) converted for CTranslate2."""
+        return self.ctranslate2 / f"{checkpoint}-{sha256[:16]}"
+
     def weights(self, name: str) -> Path:
         """checkpoints/NAME.safetensors"""
         return self.checkpoints / f"{name}{WEIGHTS}"
@@ -186,12 +197,12 @@ class RunLayout:
 
     def owner_of(self, path: Path) -> Path | None:
         """The file or directory of this run that owns `path` (after links): one of `owned_files`, a
-        managed subdirectory (or a path under it), or the run directory itself; None for any other path,
+        managed subdirectory or ctranslate2/ (or a path under them), or the run directory itself; None for any other path,
         such as a new file a user keeps beside the checkpoints (RUN/test.hyp.en)."""
         target, root = Path(path).resolve(), self.root.resolve()
         if target == root:
             return self.root
-        for held in [*self.owned_files(), *self.subdirs]:
+        for held in [*self.owned_files(), *self.subdirs, self.ctranslate2]:
             held_at = root / held.relative_to(self.root)
             if target == held_at or held_at in target.parents:
                 return held

@@ -1,8 +1,8 @@
 """`--engine ctranslate2`: CTranslate2 decodes the run's weights with our search's settings,
 so a translator with the engine attached answers as our search does (up to ties of float32
 rounding), and leaves to our search what CTranslate2 would do differently: outputs that reach
-their limit, forced prefixes, sampling, the gnmt penalty. Nothing is written outside a
-temporary folder, which is gone once the engine is loaded."""
+their limit, forced prefixes, sampling, the gnmt penalty. The converted model is written into
+the run (RUN/ctranslate2/NAME-SHA/) and nowhere else (tests/test_defaults.py: once, atomically)."""
 
 import tempfile
 from pathlib import Path
@@ -15,6 +15,8 @@ from conftest import SHIPPED
 from helpers import documented_errors, sequence_log_prob, train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.fileio import sha256
+from seq2seq_cli.layout import RunLayout
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
 from seq2seq_cli.decode.ctranslate2_engine import with_ctranslate2  # noqa: E402
@@ -164,12 +166,17 @@ def test_a_forced_prefix_goes_to_our_search(run_dir):
     assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
 
 
-def test_loading_the_engine_leaves_nothing_behind(run_dir, tmp_path, monkeypatch):
-    before = sorted(p.name for p in run_dir.rglob("*"))
+def test_loading_the_engine_writes_its_model_into_the_run_alone(run_dir, tmp_path, monkeypatch):
+    def outside(root: Path) -> list[Path]:
+        return sorted(p.relative_to(root) for p in root.rglob("*") if "ctranslate2" not in p.relative_to(root).parts)
+
+    before = outside(run_dir)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with_ctranslate2(Translator.load(run_dir, "cpu", {}), run_dir)
     assert list(tmp_path.iterdir()) == []
-    assert sorted(p.name for p in run_dir.rglob("*")) == before
+    assert outside(run_dir) == before
+    layout = RunLayout(run_dir)
+    assert [p.name for p in layout.ctranslate2.iterdir()] == [layout.converted("best", sha256(layout.best)).name]
 
 
 def test_translate_with_the_engine_writes_our_search_s_translations(run_dir, tmp_path):

@@ -69,7 +69,8 @@ def test_a_plan_keeps_one_output_line_per_line():
 def test_no_split_gives_the_line_by_line_output(run_dir, paragraphs, tmp_path):
     src = tmp_path / "in.es"
     src.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-split", "--no-progress"])
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-split", "--no-progress",
+                            "--engine", "torch"])  # the engine of Translator.load
     assert r.exit_code == 0, r.output
     tr = Translator.load(run_dir, "cpu")
     assert r.stdout.split("\n")[:-1] == tr.translate(paragraphs)
@@ -79,11 +80,14 @@ def test_no_split_gives_the_line_by_line_output(run_dir, paragraphs, tmp_path):
 def test_split_translates_each_sentence_and_joins_them_back(run_dir, paragraphs, tmp_path):
     src = tmp_path / "in.es"
     src.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-progress"])
+    # our search over the whole vocabulary: a shortlist's candidates are the batch's, and the
+    # sentences of the file are batched otherwise than those of one line
+    flags = ["--engine", "torch", "--full-vocabulary"]
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "--no-progress", *flags])
     assert r.exit_code == 0, r.output
     got = r.stdout.split("\n")[:-1]
     assert len(got) == len(paragraphs) and got[2] == ""
-    tr = Translator.load(run_dir, "cpu")
+    tr = Translator.load(run_dir, "cpu", {"shortlist": False})
     for line, out in zip(paragraphs, got):
         split = ES.split(line)
         assert out == (split.join(tr.translate(split.sentences)) if line.strip() else "")
@@ -92,7 +96,7 @@ def test_split_translates_each_sentence_and_joins_them_back(run_dir, paragraphs,
     ref = tmp_path / "ref.en"
     ref.write_text("\n".join(["x"] * len(paragraphs)) + "\n", encoding="utf-8")
     hyp = tmp_path / "hyp.en"
-    r = runner.invoke(app, ["evaluate", "-m", str(run_dir), "-s", str(src), "-r", str(ref), "-o", str(hyp)])
+    r = runner.invoke(app, ["evaluate", "-m", str(run_dir), "-s", str(src), "-r", str(ref), "-o", str(hyp), *flags])
     assert r.exit_code == 0, r.output
     assert hyp.read_text(encoding="utf-8").split("\n")[:-1] == got
 

@@ -59,7 +59,8 @@ def test_every_path_of_a_run(tmp_path):
     assert run.curves == tmp_path / "plots" / "curves.png"
     assert run.encoded == tmp_path / "cache" / "encoded"
     # --overwrite clears one training run's outputs; the tokenizer, the cache and the config stay
-    assert sorted(p.name for p in run.outputs) == ["checkpoints", "metrics.jsonl", "plots", "shortlist.tsv", "tensorboard"]
+    assert sorted(p.name for p in run.outputs) == ["checkpoints", "ctranslate2", "metrics.jsonl", "plots", "shortlist.tsv",
+                                                   "tensorboard"]
     assert run.shortlist == tmp_path / "shortlist.tsv" and run.shortlist in run.owned_files()
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data.batching import token_batches
-from seq2seq_cli.decode import translate as translate_module
+from seq2seq_cli.decode import search as search_module  # the translator imports its searches when it decodes
 from seq2seq_cli.decode.search import Hypothesis
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
@@ -109,13 +109,13 @@ class TinyModel:
 )
 @settings(max_examples=100, deadline=None)
 def test_translations_come_back_in_input_order(lines, batch_tokens):
-    original = translate_module.search
-    translate_module.search = echo_search
+    original = search_module.search
+    search_module.search = echo_search
     try:
         decode = DecodeConfig(beam_size=1, batch_tokens=batch_tokens)
         translator = Translator(TinyModel(), EchoTokenizer(), EchoTokenizer(), decode, torch.device("cpu"))
         out = translator.translate(lines)
     finally:
-        translate_module.search = original
+        search_module.search = original
     # one output per input, in input order; blank lines stay blank
     assert out == [line if line.strip() else "" for line in lines]

@@ -31,7 +31,8 @@ def sentences() -> list[str]:
 
 
 def test_output_order_equals_input_order(run_dir, sentences):
-    tr = Translator.load(run_dir, "cpu", {"beam_size": 2, "batch_tokens": 64})
+    # the whole vocabulary: a shortlist's candidates are its batch's, so a line's output may follow its batch
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 2, "batch_tokens": 64, "shortlist": False})
     together = tr.translate(sentences)
     alone = [tr.translate([s])[0] for s in sentences]
     assert together == alone
@@ -44,7 +45,8 @@ def test_empty_lines_stay_in_place(run_dir, sentences, tmp_path):
     src = tmp_path / "in.es"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.en"
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress"])
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress",
+                            "--engine", "torch"])  # the engine of Translator.load, below
     assert r.exit_code == 0, r.output
     got = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(got) == len(lines)
@@ -64,7 +66,8 @@ def test_nbest_with_scores(run_dir, sentences):
     for k in range(4):
         scores = [float(row.rsplit("\t", 1)[1]) for row in rows[3 * k : 3 * k + 3]]
         assert scores == sorted(scores, reverse=True)
-    one = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3", "--no-split"],  # --nbest: lines whole
+    # --nbest translates lines whole, with our search (CTranslate2's n-best lists differ)
+    one = runner.invoke(app, ["translate", "-m", str(run_dir), "--beam-size", "3", "--no-split", "--engine", "torch"],
                         input="\n".join(sentences[:4]) + "\n")
     assert one.stdout.splitlines() == [rows[3 * k].rsplit("\t", 1)[0] for k in range(4)]
 
@@ -194,7 +197,7 @@ def test_int8_translation_from_the_cli_and_the_run_config(run_dir, sentences, tm
     for q in ("none", "int8"):
         outs[q] = tmp_path / f"out.{q}"
         r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(outs[q]), "--no-progress",
-                                "--quantize", q, "--device", "cpu"])
+                                "--quantize", q, "--device", "cpu", "--engine", "torch"])
         assert r.exit_code == 0, r.output
     assert len(outs["int8"].read_text(encoding="utf-8").splitlines()) == 8
     plain, quant = Translator.load(run_dir, "cpu"), Translator.load(run_dir, "cpu", {"quantize": "int8"})
@@ -212,7 +215,7 @@ def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path
     src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     out = tmp_path / "out.en"
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--no-progress",
-                            "--precision", "bf16", "--device", "cpu"])
+                            "--precision", "bf16", "--device", "cpu", "--engine", "torch"])
     assert r.exit_code == 0, r.output
     fp32, bf16 = Translator.load(run_dir, "cpu"), Translator.load(run_dir, "cpu", {"precision": "bf16"})
     assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}  # auto on CPU
@@ -230,7 +233,7 @@ def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir
 
     import seq2seq_cli.decode.translate as translate_module
 
-    tr = Translator.load(run_dir, "cpu", {"beam_size": 3, "batch_tokens": 48})
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 3, "batch_tokens": 48, "shortlist": False})  # batches of their own
     pools = []
     real_pool = translate_module.ThreadPoolExecutor
 
@@ -259,17 +262,17 @@ def test_on_cpu_threads_each_decode_a_batch_of_their_own_and_a_lone_sentence_one
     threads are given back and the results equal those of one thread."""
     import torch
 
-    import seq2seq_cli.decode.translate as translate_module
+    import seq2seq_cli.decode.search as search_module  # the translator imports its search when it decodes
 
-    tr = Translator.load(run_dir, "cpu", {"beam_size": 4})
+    tr = Translator.load(run_dir, "cpu", {"beam_size": 4, "shortlist": False})  # batches of their own
     seen: list[tuple[int, int]] = []
-    real_search = translate_module.search
+    real_search = search_module.search
 
     def recording(model, src, *args, **kwargs):
         seen.append((src.size(0), torch.get_num_threads()))
         return real_search(model, src, *args, **kwargs)
 
-    monkeypatch.setattr(translate_module, "search", recording)
+    monkeypatch.setattr(search_module, "search", recording)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

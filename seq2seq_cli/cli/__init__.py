@@ -40,12 +40,17 @@ app = typer.Typer(
 )
 
 
-def load_translator(model: list[Path], device: str, decode: dict[str, object], tag: str | None, engine: Engine) -> Any:
+def load_translator(model: list[Path], device: str, decode: dict[str, object], tag: str | None, engine: Engine,
+                    nbest: int = 1, per_line: str | None = None) -> Any:
     """The Translator of `--model` (one run, or several as an ensemble), with --tag and --engine
-    (`seq2seq_cli/decode/loading.py`)."""
+    (`seq2seq_cli/decode/loading.py`); the path it takes goes to stderr as the first log line."""
+    from seq2seq_cli.decode.deferred import Deferred
     from seq2seq_cli.decode.loading import load_translator as load
 
-    return load(model, device, decode, tag, engine).translator
+    choice = load(model, device, decode, tag, engine, nbest, per_line)
+    line = f"translating with {', '.join(str(m) for m in model)} ({choice.describe()})"
+    # said when the first sentences are decoded: input refused before that is still a one-line error
+    return choice.translator.replaced(announce=Deferred(lambda: typer.echo(line, err=True)))
 
 
 def _load(config: Path, overrides: list[str] | None):
@@ -150,7 +155,7 @@ def translate(
     tag: TagOpt = None,
     split: SplitOpt = True,
     format: Annotated[DocumentFormat, typer.Option("--format", help="auto (by the input's name, else its content: an HTML page, an XML document; stdin is text), text (line by line), html, xml, docx or odt: a document is translated whole, its markup and formatting kept.")] = DocumentFormat.auto,
-    engine: EngineOpt = Engine.torch,
+    engine: EngineOpt = Engine.auto,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -163,12 +168,14 @@ def translate(
 
     fmt = input_format(input, format)
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
-    translator = load_translator(model, device, decode, tag, engine)
-    layers = translator.model.cfg.decoder_layers
+    per_line = ("forced prefixes decode with our searches" if prefix is not None else
+                "constraints and glossary terms decode with our searches" if terminology is not None else None)
+    translator = load_translator(model, device, decode, tag, engine, nbest, per_line)
+    layers = translator.cfg.decoder_layers
     if not -layers <= attention_layer < layers:
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
-    if attention_head is not None and attention_head >= translator.model.cfg.heads:
-        raise UserError(f"--attention-head {attention_head}: the model has {translator.model.cfg.heads} heads")
+    if attention_head is not None and attention_head >= translator.cfg.heads:
+        raise UserError(f"--attention-head {attention_head}: the model has {translator.cfg.heads} heads")
     splitter = Splitter(translator.languages[0]) if split else None
     opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology, splitter)
     if fmt is not DocumentFormat.text:
@@ -198,7 +205,7 @@ def serve(
     api_keys: Annotated[Path | None, typer.Option("--api-keys", help="File of API keys, one per line: requests must carry one (api_key field or X-API-Key header), else 403.")] = None,
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
-    engine: EngineOpt = Engine.torch,
+    engine: EngineOpt = Engine.auto,
     *,
     decode: dict[str, object],
 ) -> None:
@@ -229,7 +236,7 @@ def evaluate(
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
     split: SplitOpt = True,
-    engine: EngineOpt = Engine.torch,
+    engine: EngineOpt = Engine.auto,
     *,
     decode: dict[str, object],
 ) -> None:

@@ -64,8 +64,9 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when presen
 TagOpt = Annotated[str | None, typer.Option(
     "--tag", help="A token put in front of each source line, as a corpus tag was in training: '<bt>', '>>fr<<'.")]
 EngineOpt = Annotated[Engine, typer.Option(
-    "--engine", help="auto (CTranslate2 where it is installed and can decode the run, else our own searches), torch "
-    "(our own searches) or ctranslate2 (the run converted at start and decoded by CTranslate2 where the options allow).")]
+    "--engine", help="auto (CTranslate2 where it is installed and can decode the run and the options, else our own "
+    "searches; the first log line says which), torch (our own searches) or ctranslate2 (CTranslate2 where the options "
+    "allow, else an error). CTranslate2 decodes the run converted once into RUN/ctranslate2/.")]
 SplitOpt = Annotated[bool, typer.Option(
     "--split/--no-split", help="Cut each line into sentences and join their translations with the line's spacing "
     "(not with --nbest, --scores, --alignment, --attention-plots, nor on a line with constraints or a prefix).")]
@@ -92,7 +93,7 @@ DECODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "batch_tokens": (("--batch-tokens",), "Source tokens per batch, as CTranslate2 counts them (each sentence decodes beam-size rows). Default: decode.batch_tokens."),
     "precision": (("--precision",), "auto, fp32, bf16 or fp16: the weights and activations of decoding (auto: bf16 on CUDA, fp32 on CPU; fp16 on CUDA only). Default: decode.precision."),
     "quantize": (("--quantize",), "none, or int8: linear layers in int8 (CPU only), faster at a small cost in quality. Default: decode.quantize."),
-    "shortlist": (("--shortlist/--full-vocabulary",), "Score only the target subwords the run's lexical shortlist (RUN/shortlist.tsv, written by train) gives the source's subwords, plus the commonest ones: faster steps on small models (Marian's --shortlist). Default: decode.shortlist."),
+    "shortlist": (("--shortlist/--full-vocabulary",), "Score only the target subwords the run's lexical shortlist (RUN/shortlist.tsv, written by train) gives the source's subwords, plus the commonest ones: faster steps on small models (Marian's --shortlist); --shortlist on a run without one is an error. Default: decode.shortlist, where null (the default) is the shortlist when the run has one."),
 }
 
 
@@ -111,6 +112,8 @@ def decode_options(command: Callable[..., None]) -> Callable[..., None]:
     for name, field in fields.items():
         decls, help_text = DECODE_FLAGS[name]
         kind = field.annotation if field.annotation in (bool, int, float) else str
+        if field.annotation == bool | None:  # a switch whose default (None) is the run's own
+            kind = bool
         low = next((m.ge for m in field.metadata if hasattr(m, "ge")), None)
         option = typer.Option(*decls, min=low, help=help_text)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,

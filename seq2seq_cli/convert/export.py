@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seq2seq_cli.convert.output import check_output_dir, replacing_output
 from seq2seq_cli.data.tokenizer import all_pieces
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.layout import RunLayout
-from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 from seq2seq_cli.run.checkpoint import resolve_checkpoint
-from seq2seq_cli.run.loaded import LoadedRun, load_run
+from seq2seq_cli.run.loaded import LoadedRun, RunFiles, load_run
+
+if TYPE_CHECKING:  # the converter reads a loaded model; importing it needs no torch (the CTranslate2 engine's start)
+    from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 
 VMAP = "vmap.txt"  # CTranslate2's vocabulary map in a model directory
 
@@ -139,7 +142,7 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     return output_dir
 
 
-def run_vocabularies(run: LoadedRun) -> tuple[list[str], list[str]]:
+def run_vocabularies(run: LoadedRun | RunFiles) -> tuple[list[str], list[str]]:
     """The run's source and target pieces in id order: the vocabularies of its CTranslate2 model."""
     return all_pieces(run.src_sp), all_pieces(run.tgt_sp)
 

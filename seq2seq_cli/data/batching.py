@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, overload
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from seq2seq_cli.data.indices import CHUNK, index_dtype
 from seq2seq_cli.ids import BOS, EOS, PAD
 
-if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora
+if TYPE_CHECKING:  # translating needs neither pyarrow nor the encoded corpora; planning batches no torch
     import pyarrow as pa
+    import torch
+    from torch import Tensor
 
     from seq2seq_cli.data.encoding import EncodedCorpus
 
@@ -199,6 +199,8 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int)
 
 def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Tensor:
     """Right-pad prefix+seq+suffix for each sequence -> (B, T) long tensor."""
+    import torch
+
     width = max(len(s) for s in seqs) + len(prefix) + len(suffix)
     out = np.full((len(seqs), width), PAD, dtype=np.int64)
     for row, s in enumerate(seqs):
@@ -210,6 +212,8 @@ def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Te
 def _pad_flat(lens: np.ndarray, values: np.ndarray, bos: bool, eos: bool, first: int = BOS) -> Tensor:
     """Sequences given as lengths and concatenated values -> (B, T) with optional start
     token (`first`, BOS unless the model starts from another id) and EOS."""
+    import torch
+
     lens = lens.astype(np.int64)
     start = int(bos)
     out = np.full((len(lens), int(lens.max(initial=0)) + start + int(eos)), PAD, dtype=np.int64)
@@ -292,6 +296,8 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch with its tensors on `device`; to a GPU with `non_blocking`, from pinned
         memory, so the copy overlaps the work already queued."""
+        import torch
+
         pin = non_blocking and torch.device(device).type == "cuda"
 
         def move(x: Tensor) -> Tensor:
@@ -304,6 +310,8 @@ class Batch:
 def target_rows(lengths: np.ndarray, width: int) -> Tensor:
     """lengths (B,): targets per row (EOS counted) of a (B, width) batch -> (N,) flat positions
     of those targets, row by row: row i's first lengths[i] positions."""
+    import torch
+
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.repeat(np.arange(len(lengths), dtype=np.int64) * width, lengths)
     within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)

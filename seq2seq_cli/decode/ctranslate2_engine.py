@@ -1,16 +1,18 @@
-"""`--engine ctranslate2`: the translator's beam and greedy searches run by CTranslate2.
+"""The CTranslate2 engine (`--engine ctranslate2`, and `auto`'s choice where it can run): the
+translator's beam and greedy searches run by CTranslate2.
 
-At start the run's weights are converted as `export --format ctranslate2` converts them,
-into a temporary folder that is deleted once CTranslate2 has loaded them, so nothing is
-written to the run or left behind. CTranslate2 then decodes the same model with the same
+The run's checkpoint is converted as `export --format ctranslate2` converts it, once, and kept
+in the run (`seq2seq_cli/convert/ctranslate2_cache.py`: RUN/ctranslate2/NAME-SHA/); later starts
+load that folder as it is, without torch. CTranslate2 then decodes the same model with the same
 settings as our search: beam size, length penalty (the `average` form) and each sentence's
 output limit (a * source + b tokens, then EOS). It decodes each batch with the batch's longest
 limit; an output that reaches its own sentence's limit, or holds a token our search bans
 (padding, the decoder start token), is decoded again by our search. So are sentences with a
 forced prefix or constraints, and sampling, the gnmt length penalty, n-gram bans, ban_unk, a
-minimum length and n-best lists, which CTranslate2 does otherwise (`CTranslate2Engine.why_not`).
-With `--shortlist` the run's shortlist is CTranslate2's vocabulary map (`use_vmap`). Compute
-type: float32, or int8 with `--quantize int8`; on CUDA, float16 or bfloat16 as `--precision` says.
+minimum length and n-best lists, which CTranslate2 does otherwise (`why_not`). With the
+shortlist (`decode.shortlist`) the run's shortlist is CTranslate2's vocabulary map (`use_vmap`).
+Compute type: float32, or int8 with `--quantize int8`; bfloat16 with `--precision bf16`; on
+CUDA, float16 or bfloat16 as `--precision` says.
 
 Threads: CTranslate2 takes the CPU threads, torch keeps one (`claim_threads`). On a CPU with
 N > 1 threads the engine holds the model twice: one translator decodes a lone sentence on N
@@ -22,24 +24,43 @@ threads and 16-17 ms on one.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.convert.export import VMAP, convert_ctranslate2, run_vocabularies
-from seq2seq_cli.decode.search import Hypothesis, length_penalty, max_source_subwords, output_limits
+from seq2seq_cli.convert.ctranslate2_cache import converted_model
+from seq2seq_cli.convert.export import convert_ctranslate2, run_vocabularies
+from seq2seq_cli.decode.hypotheses import Hypothesis, length_penalty, max_source, output_limit
+from seq2seq_cli.decode.shortlisting import read_shortlist
 from seq2seq_cli.decode.translate import Translator
-from seq2seq_cli.device import decoding_dtype
+from seq2seq_cli.device import decoding_precision
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.run.loaded import load_run
+from seq2seq_cli.run.loaded import RunFiles, load_run, open_run
 
-COMPUTE_TYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+if TYPE_CHECKING:
+    from seq2seq_cli.model.transformer import Seq2SeqTransformer
+
+COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # decoding_precision -> CTranslate2's name
+
+
+def why_not(opts: DecodeConfig, nbest: int) -> str | None:
+    """None when CTranslate2 decodes with these options as our search does, else why not."""
+    if opts.sampling:
+        return "sampling draws from each line's own seeded generator"
+    if opts.length_penalty_type != "average":
+        return f"CTranslate2 has no {opts.length_penalty_type} length penalty"
+    if opts.no_repeat_ngram_size:
+        return "CTranslate2 bans repeated n-grams otherwise (other outputs for 2 sentences in 5)"
+    if opts.ban_unk:
+        return "CTranslate2 bans UNK before the softmax, our search after it"
+    if opts.min_len:
+        return "CTranslate2 holds back the end of sentence otherwise (other outputs for 7 sentences in 12 at min_len 12)"
+    if nbest > 1:
+        return "CTranslate2 gathers the finished hypotheses of an n-best list otherwise (the best one is the same)"
+    return None
 
 
 @dataclass
@@ -55,24 +76,13 @@ class CTranslate2Engine:
     use_vmap: bool = False  # decode.shortlist: the run's shortlist, loaded as the model's vocabulary map
     batches: Any = None  # ctranslate2.Translator for several sentences: `workers` of one thread each; None: `translator`
     workers: int = 1
+    _empty: list[float] = field(default_factory=list)  # see `empty_log_prob`
 
     def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
-        if opts.sampling:
-            return "sampling draws from each line's own seeded generator"
-        if opts.length_penalty_type != "average":
-            return f"CTranslate2 has no {opts.length_penalty_type} length penalty"
-        if opts.no_repeat_ngram_size:
-            return "CTranslate2 bans repeated n-grams otherwise (other outputs for 2 sentences in 5)"
-        if opts.ban_unk:
-            return "CTranslate2 bans UNK before the softmax, our search after it"
-        if opts.min_len:
-            return "CTranslate2 holds back the end of sentence otherwise (other outputs for 7 sentences in 12 at min_len 12)"
-        if nbest > 1:
-            return "CTranslate2 gathers the finished hypotheses of an n-best list otherwise (the best one is the same)"
-        return None
+        return why_not(opts, nbest)
 
     def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
-        limits = output_limits(torch.tensor([len(s) for s in ids]), self.cap, opts.max_len_a, opts.max_len_b).tolist()
+        limits = [output_limit(len(s), self.cap, opts.max_len_a, opts.max_len_b) for s in ids]
         pieces = [[self.src_pieces[i] for i in s[:-1]] for s in ids]  # CTranslate2 adds the EOS itself
         # An output of `limit` tokens then EOS is one of max_decoding_length = limit + 1 tokens,
         # EOS counted; one that reaches its limit is left to our search, which forces EOS there.
@@ -87,6 +97,12 @@ class CTranslate2Engine:
             use_vmap=self.use_vmap,
         )
         return [self._hypotheses(r, limit, opts, nbest) for r, limit in zip(results, limits)]
+
+    def empty_log_prob(self) -> float:
+        """The log-probability of the empty output (EOS at once) for an empty source, computed once."""
+        if not self._empty:
+            self._empty.append(float(sum(self.translator.score_batch([[]], [[]])[0].log_probs)))
+        return self._empty[0]
 
     def _hypotheses(self, result: Any, limit: int, opts: DecodeConfig, nbest: int) -> list[Hypothesis] | None:
         """One sentence's CTranslate2 result as our hypotheses, or None where our search would
@@ -106,44 +122,69 @@ def claim_threads() -> int:
     threads, CTranslate2's run several times slower on the same cores (a lone sentence at
     beam 4 on 2 cores: 13 ms, 83 to 119 ms after torch had computed on 2 threads); torch then
     only loads the run and decodes what the engine leaves to it."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     return threads
 
 
-def with_ctranslate2(translator: Translator, model_path: str | Path, threads: int = 1) -> Translator:
-    """`translator` with the CTranslate2 engine of the run at `model_path` attached, on the
-    translator's device, with `threads` threads on a CPU (`claim_threads`); UserError when
-    CTranslate2 is missing or cannot hold the model."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError("--engine ctranslate2 needs the ctranslate2 package: pip install 'seq2seq[ctranslate2]'") from None
-    if translator.ensemble_runs:
-        raise UserError("--engine ctranslate2 decodes one model; an ensemble (--model given twice or more) "
-                        "decodes with --engine torch")
-    device = translator.device.type
-    dtype = decoding_dtype(translator.decode, translator.device)
-    compute = "int8" if translator.decode.quantize == "int8" else COMPUTE_TYPES[dtype]
+def compute_type(decode: DecodeConfig, device: str) -> str:
+    """CTranslate2's compute type for the decoding settings on `device` (cpu, cuda); UserError
+    where this CTranslate2 has none for them."""
+    import ctranslate2
+
+    compute = "int8" if decode.quantize == "int8" else COMPUTE_TYPES[decoding_precision(decode, device)]
     supported = sorted(ctranslate2.get_supported_compute_types(device))
     if compute not in supported:
         raise UserError(f"--engine ctranslate2: CTranslate2 on {device} computes in {', '.join(supported)}, "
                         f"not {compute}; choose --precision or --quantize accordingly")
-    run = load_run(model_path, "cpu")
-    src_vocab, tgt_vocab = run_vocabularies(run)
-    with tempfile.TemporaryDirectory(prefix="seq2seq-ct2-") as tmp:
-        folder = convert_ctranslate2(run.model, src_vocab, tgt_vocab, Path(tmp) / "model")
-        if translator.shortlist_file is not None:  # CTranslate2's vocabulary map is the shortlist's format
-            shutil.copyfile(translator.shortlist_file, folder / VMAP)
-        ct = ctranslate2.Translator(str(folder), device=device, device_index=translator.device.index or 0,
-                                    compute_type=compute, intra_threads=threads, inter_threads=1)
+    return compute
+
+
+def ctranslate2_engine(files: RunFiles, decode: DecodeConfig, device: str, index: int, threads: int, use_vmap: bool,
+                       model: Callable[[], Seq2SeqTransformer]) -> CTranslate2Engine:
+    """The CTranslate2 engine of the run `files` describe, on `device` (cpu or cuda, GPU `index`),
+    with `threads` threads on a CPU, the shortlist as its vocabulary map where `use_vmap`.
+    `model()` gives the run's model (float32, as loaded) where the run has no conversion of the
+    checkpoint yet. UserError when CTranslate2 cannot hold the model."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("--engine ctranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    compute = compute_type(decode, device)
+    src_vocab, tgt_vocab = run_vocabularies(files)
+
+    def convert(folder: Path) -> None:
+        if files.layout.shortlist.is_file():  # checked once, when it becomes the model's vocabulary map
+            read_shortlist(files.layout.shortlist, files.src_sp, files.tgt_sp)
+        convert_ctranslate2(model(), src_vocab, tgt_vocab, folder)
+
+    with converted_model(files, convert) as folder:
+        ct = ctranslate2.Translator(str(folder), device=device, device_index=index, compute_type=compute,
+                                    intra_threads=threads, inter_threads=1)
         batches = None
         if device == "cpu" and threads > 1:  # see `CTranslate2Engine.batches`
             batches = ctranslate2.Translator(str(folder), device=device, compute_type=compute, intra_threads=1,
                                              inter_threads=threads)
+    banned = {tgt_vocab[PAD], tgt_vocab[files.config.model.decoder_start_id]}
+    return CTranslate2Engine(ct, src_vocab, {p: i for i, p in enumerate(tgt_vocab)}, banned,
+                             max_source(files.config.model.max_positions), use_vmap=use_vmap, batches=batches,
+                             workers=threads)
+
+
+def with_ctranslate2(translator: Translator, model_path: str | Path, threads: int = 1) -> Translator:
+    """`translator` (loaded with `Translator.load`) with the CTranslate2 engine of the run at
+    `model_path` attached, on the translator's device, with `threads` threads on a CPU
+    (`claim_threads`); UserError when CTranslate2 is missing or cannot hold the model."""
+    import torch
+
+    if translator.ensemble_runs:
+        raise UserError("--engine ctranslate2 decodes one model; an ensemble (--model given twice or more) "
+                        "decodes with --engine torch")
+    files = open_run(model_path)
+    device = translator.device
+    engine = ctranslate2_engine(files, translator.decode, device.type, device.index or 0, threads,
+                                translator.shortlist_file is not None, lambda: load_run(files.checkpoint, "cpu").model)
     torch.set_num_threads(1)  # CTranslate2 set the process's OpenMP thread count to its own (`claim_threads`)
-    banned = {tgt_vocab[PAD], tgt_vocab[run.config.model.decoder_start_id]}
-    engine = CTranslate2Engine(ct, src_vocab, {p: i for i, p in enumerate(tgt_vocab)}, banned,
-                               max_source_subwords(translator.model), use_vmap=translator.shortlist_file is not None,
-                               batches=batches, workers=threads)
     return translator.with_engine(engine)

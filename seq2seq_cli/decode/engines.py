@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.search import Hypothesis
+from seq2seq_cli.decode.hypotheses import Hypothesis
 
 
 class SearchEngine(Protocol):
@@ -30,3 +30,7 @@ class SearchEngine(Protocol):
         """Source ids (each ending in EOS, as `Translator.encode` gives them) -> for each
         sentence its `nbest` hypotheses, best first, or None for a sentence left to the
         searches (its output reached its limit, where engines differ)."""
+
+    def empty_log_prob(self) -> float:
+        """The log-probability of the empty output (EOS at once) for an empty source: the score
+        of a blank line's translation."""

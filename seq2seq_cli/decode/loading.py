@@ -3,10 +3,15 @@
 
 `--engine torch` is our searches alone. `--engine ctranslate2` attaches the CTranslate2 engine
 (`ctranslate2_engine.py`), which decodes what it can and leaves the rest to our searches.
-`--engine auto` attaches it where it can run: CTranslate2 installed, one model (not an
-ensemble), a compute type it has for the device and precision; else our searches, and
-`Choice.why` says why. The CPU threads go to whichever engine searches: CTranslate2 takes them
-from torch before torch computes anything (`claim_threads`).
+`--engine auto` (the default) attaches it where it can run and decode the options given:
+CTranslate2 installed, one model (not an ensemble), a compute type it has for the device and
+precision, options it decodes as our search does (no sampling, no n-best list, no forced
+prefixes or constraints ...); else our searches, and `Choice.why` says why.
+
+On a CPU the CTranslate2 engine starts without torch: the run is checked (`open_run`), the
+converted model kept in the run is loaded, and the translator's own model is loaded (torch
+imported) the first time a sentence needs our searches (`Deferred`). The CPU threads go to
+whichever engine searches: CTranslate2 takes them, torch keeps one (`claim_threads`).
 """
 
 from __future__ import annotations
@@ -15,17 +20,30 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.choices import Engine
+from seq2seq_cli.config import DecodeConfig
+from seq2seq_cli.decode.deferred import Deferred
+from seq2seq_cli.decode.options import decode_settings, flag_name
+from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortlisted
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import sha256
+from seq2seq_cli.run.loaded import RunFiles, open_run
+
+if TYPE_CHECKING:
+    import torch
+
+    from seq2seq_cli.decode.search import Decoder
+    from seq2seq_cli.run.loaded import LoadedRun
+
+ENSEMBLE = "--engine ctranslate2 decodes one model; an ensemble (--model given twice or more) decodes with --engine torch"
 
 
 @dataclass
 class Choice:
-    """The translator and, when the engine asked for was not the one that searches, why."""
+    """The translator and, when CTranslate2 does not search, why."""
 
     translator: Translator
     why: str | None = None
@@ -35,7 +53,7 @@ class Choice:
         t = self.translator
         src, tgt = t.languages
         parts = [f"{src} -> {tgt}", f"searched by {t.engine.name}" if t.engine is not None else "our searches"]
-        if t.listed is not None:
+        if t.shortlist_file is not None:
             parts.append("shortlist")
         if t.decode.quantize != "none":
             parts.append(t.decode.quantize)
@@ -46,35 +64,125 @@ class Choice:
 
 def load_translator(
     models: Sequence[str | Path], device: str = "auto", overrides: Mapping[str, object] | None = None,
-    tag: str | None = None, engine: Engine = Engine.auto,
+    tag: str | None = None, engine: Engine = Engine.auto, nbest: int = 1, per_line: str | None = None,
 ) -> Choice:
     """The translator of `models` (one run, or several as an ensemble) on `device`, with the
     decoding `overrides` (DecodeConfig keys, checked), `tag` in front of every source line, and
-    the engine `engine` names (`auto`: CTranslate2 where it can run)."""
+    the engine `engine` names (`auto`: CTranslate2 where it can run and decode `nbest` outputs
+    per line; `per_line`, when given, says why the lines need our searches: prefixes, constraints)."""
     models = list(models)
-    ctranslate2_possible = engine is not Engine.torch and len(models) == 1
+    overrides = dict(overrides or {})
+    if engine is Engine.torch:
+        return Choice(Translator.load(models, device, overrides).with_tag(tag))
     why = None
-    if engine is Engine.auto and importlib.util.find_spec("ctranslate2") is None:
-        ctranslate2_possible, why = False, "ctranslate2 is not installed"
-    elif engine is Engine.auto and len(models) > 1:
+    if len(models) > 1:
+        if engine is Engine.ctranslate2:
+            raise UserError(ENSEMBLE)
         why = "an ensemble decodes with our searches"
-    threads = torch.get_num_threads()
-    if ctranslate2_possible:
-        from seq2seq_cli.decode.ctranslate2_engine import claim_threads
+    elif importlib.util.find_spec("ctranslate2") is None:
+        if engine is Engine.ctranslate2:
+            raise UserError("--engine ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
+        why = "ctranslate2 is not installed"
+    elif engine is Engine.auto and per_line:
+        why = per_line
+    if why is not None:
+        return Choice(Translator.load(models, device, overrides).with_tag(tag), why)
+    files = open_run(models[0])
+    decode = decode_settings(files.config.decode, overrides, int(files.meta["tgt_vocab"]), flag_name)
+    if engine is Engine.auto:
+        from seq2seq_cli.decode.ctranslate2_engine import why_not
 
-        claim_threads()
-    translator = Translator.load(models, device, dict(overrides or {})).with_tag(tag)
-    if not ctranslate2_possible:
-        if engine is Engine.ctranslate2:  # several models
-            raise UserError("--engine ctranslate2 decodes one model; an ensemble (--model given twice or more) "
-                            "decodes with --engine torch")
-        return Choice(translator, why)
-    from seq2seq_cli.decode.ctranslate2_engine import with_ctranslate2
-
+        why = why_not(decode, nbest)
+        if why is not None:
+            return Choice(Translator.load(models, device, overrides).with_tag(tag), why)
     try:
-        return Choice(with_ctranslate2(translator, models[0], threads))
+        if on_cpu_without_torch(device):
+            return Choice(with_engine_on_cpu(files, decode).with_tag(tag))
+        return Choice(with_engine_on_device(models[0], device, overrides).with_tag(tag))
     except UserError as exc:
         if engine is Engine.ctranslate2:
             raise
-        torch.set_num_threads(threads)  # our searches take the threads back
-        return Choice(translator, str(exc))
+        return Choice(Translator.load(models, device, overrides).with_tag(tag), str(exc))
+
+
+def on_cpu_without_torch(device: str) -> bool:
+    """Whether `device` is the CPU, as torch would pick it, decided without torch: cpu, or auto
+    where CTranslate2 sees no CUDA device."""
+    if device == "cpu":
+        return True
+    import ctranslate2
+
+    return device == "auto" and ctranslate2.get_cuda_device_count() == 0
+
+
+def with_engine_on_cpu(files: RunFiles, decode: DecodeConfig) -> Translator:
+    """The deferred translator of `files` (`deferred_translator`) with the CTranslate2 engine on
+    the CPU's threads; the run's model is loaded here only when the run holds no conversion of
+    its checkpoint yet."""
+    from seq2seq_cli.decode.ctranslate2_engine import ctranslate2_engine
+    from seq2seq_cli.device import cpu_threads
+
+    threads = cpu_threads()
+    run: Deferred[LoadedRun] = Deferred(lambda: load_checked(files))
+    translator = deferred_translator(files, decode, run)
+    engine = ctranslate2_engine(files, decode, "cpu", 0, threads, translator.shortlist_file is not None,
+                                lambda: run.get().model)
+    return translator.with_engine(engine)
+
+
+def with_engine_on_device(model: str | Path, device: str, overrides: dict[str, object]) -> Translator:
+    """The translator of `model` loaded on `device` (CUDA) with the CTranslate2 engine attached."""
+    from seq2seq_cli.decode.ctranslate2_engine import claim_threads, with_ctranslate2
+
+    threads = claim_threads()
+    translator = Translator.load([model], device, overrides)
+    return with_ctranslate2(translator, model, threads)
+
+
+def load_checked(files: RunFiles) -> LoadedRun:
+    """The run `files` describe, loaded (float32, on the CPU) and verified, with torch's threads
+    left to CTranslate2 (`claim_threads`); a UserError where its checkpoint changed since."""
+    from seq2seq_cli.decode.ctranslate2_engine import claim_threads
+    from seq2seq_cli.run.loaded import load_run
+
+    claim_threads()
+    run = load_run(files.checkpoint, "cpu")
+    if sha256(files.checkpoint) != files.weights_sha256:  # the engine holds the weights of the start
+        raise UserError(f"{files.checkpoint}: replaced since the run was loaded; start again to decode with the new one")
+    return run
+
+
+def deferred_translator(files: RunFiles, decode: DecodeConfig, run: Deferred[LoadedRun]) -> Translator:
+    """The translator of the run `files` describe, on the CPU, whose model is `run`'s, loaded
+    and packed for decoding the first time our searches need it (`Translator.load` packs it at
+    once)."""
+    shortlist = shortlist_of(files.layout, decode, 1)
+
+    def load_model() -> Decoder:
+        import torch
+
+        from seq2seq_cli.decode.onednn import for_decoding
+        from seq2seq_cli.device import decoding_dtype
+
+        return for_decoding(run.get().model.to(decoding_dtype(decode, torch.device("cpu"))), decode.quantize)
+
+    model = Deferred(load_model)
+
+    def load_listed() -> Decoder | None:
+        assert shortlist is not None
+        one: Any = model.get()  # one model, never an ensemble
+        return shortlisted(one, read_shortlist(shortlist, files.src_sp, files.tgt_sp))
+
+    def cpu() -> torch.device:
+        run.get()  # torch's threads are claimed first
+        import torch
+
+        return torch.device("cpu")
+
+    config = files.config
+    tags = None if config.tokenizer.vocabulary == "file" else tuple(config.data.tags)
+    later: Any = Deferred  # the fields hold Deferred values (`OnFirstUse`); mypy knows them by their values' types
+    return Translator(later(model.get), files.src_sp, files.tgt_sp, decode, later(cpu), files.run_dir,
+                      (config.data.src_lang, config.data.tgt_lang), tags=tags,
+                      listed=None if shortlist is None else later(load_listed), shortlist_file=shortlist,
+                      model_config=config.model)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from seq2seq_cli.fileio import atomic_write
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def plot_attention(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path) -> None:

@@ -50,6 +50,7 @@ from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.ensemble import Ensemble, EnsembleState
+from seq2seq_cli.decode.hypotheses import NEG_INF, NO_HYPOTHESIS, Hypothesis, length_penalty, max_source
 from seq2seq_cli.ids import EOS, PAD, UNK
 from seq2seq_cli.model.kv_cache import DecoderState
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
@@ -57,30 +58,11 @@ from seq2seq_cli.model.transformer import Seq2SeqTransformer
 Decoder = Seq2SeqTransformer | Ensemble  # what the searches decode with: one model, or several as one
 State = DecoderState | EnsembleState
 
-NEG_INF = float("-inf")
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # output ids without the start token and EOS
-    score: float  # log_prob / length penalty
-    log_prob: float  # sum of token log-probabilities, EOS included
-
-
-NO_HYPOTHESIS = Hypothesis([], NEG_INF, NEG_INF)  # fills n-best lists the search could not fill
-
-
-def length_penalty(length: int, alpha: float, kind: str) -> float:
-    """lp(|Y|) for a hypothesis of `length` tokens (EOS counted)."""
-    if kind == "gnmt":
-        return ((5.0 + length) / 6.0) ** alpha
-    return float(length) ** alpha
-
 
 def max_source_subwords(model: Decoder) -> int:
     """The most source subwords (EOS not counted) a sentence is decoded from; longer ones are
     cut to this many (`Translator.encode`)."""
-    return model.cfg.max_positions - 2
+    return max_source(model.cfg.max_positions)
 
 
 def max_lengths(src: Tensor, model: Decoder, a: float, b: int) -> Tensor:

@@ -15,39 +15,35 @@ search itself stays on the fast path.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import numpy as np
-import torch
-from torch import Tensor
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.data.batching import pad_batch, token_batches
-from seq2seq_cli.data.shortlist import Shortlist, read
 from seq2seq_cli.data.tokenizer import all_pieces, tag_id
-from seq2seq_cli.decode.constraints import Phrases, constrained_beam_search
-from seq2seq_cli.decode.engines import SearchEngine
-from seq2seq_cli.decode.ensemble import Ensemble, check_member
-from seq2seq_cli.decode.onednn import for_decoding
+from seq2seq_cli.decode.deferred import Deferred, OnFirstUse
+from seq2seq_cli.decode.hypotheses import NO_HYPOTHESIS, Hypothesis, max_source
 from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
-from seq2seq_cli.decode.search import NO_HYPOTHESIS, Decoder, Hypothesis, max_source_subwords, search
-from seq2seq_cli.decode.threads import one_thread, spread
-from seq2seq_cli.device import decoding_dtype, pick_device
+from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortlisted
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, UNK
-from seq2seq_cli.layout import CONFIG, RunLayout
-from seq2seq_cli.model.transformer import Seq2SeqTransformer
-from seq2seq_cli.run.loaded import load_run
+from seq2seq_cli.layout import CONFIG
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and the searches are imported when our searches first run (see `Deferred`)
+    import torch
     from sentencepiece import SentencePieceProcessor
+    from torch import Tensor
+    from tqdm import tqdm
 
+    from seq2seq_cli.config import ModelConfig
+    from seq2seq_cli.decode.constraints import Phrases
+    from seq2seq_cli.decode.engines import SearchEngine
+    from seq2seq_cli.decode.search import Decoder
+    from seq2seq_cli.model.transformer import Seq2SeqTransformer
+
+__all__ = ["Translator", "read_shortlist", "shortlisted"]
 FEW_LINES = 64  # fewer lines are tokenized one by one (`Translator.encode`)
 
 
@@ -55,13 +51,21 @@ FEW_LINES = 64  # fewer lines are tokenized one by one (`Translator.encode`)
 class Translator:
     """A loaded run: model, tokenizers and the decoding options to use. With several runs
     (`load` of a list), `model` is their `Ensemble` and the tokenizers, decoding settings and
-    languages are the first run's."""
+    languages are the first run's. `model`, `listed` and `device` may be given as `Deferred`
+    values (`seq2seq_cli/decode/deferred.py`): the model is loaded (and torch imported) the first
+    time one of them is read (`seq2seq_cli/decode/loading.py`)."""
 
-    model: Decoder
+    if TYPE_CHECKING:
+        model: Decoder
+    else:  # the fields that may hold a `Deferred` value
+        model: OnFirstUse = OnFirstUse()
     src_sp: SentencePieceProcessor
     tgt_sp: SentencePieceProcessor
     decode: DecodeConfig
-    device: torch.device
+    if TYPE_CHECKING:
+        device: torch.device
+    else:
+        device: OnFirstUse = OnFirstUse()
     run_dir: Path | None = None  # the run directory the model was loaded from
     languages: tuple[str, str] = ("src", "tgt")  # the run's data.src_lang and data.tgt_lang
     _word_start: Tensor | None = field(default=None, repr=False)  # see `word_start`
@@ -69,7 +73,13 @@ class Translator:
     tag_ids: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
     tags: tuple[str, ...] | None = None  # the corpus tags the run was trained with; None: any (an imported vocabulary)
     engine: SearchEngine | None = None  # another engine searching where it can (`seq2seq_cli/decode/engines.py`)
-    listed: Decoder | None = None  # with decode.shortlist: the model scoring only its shortlist (lines with no prefix)
+    if TYPE_CHECKING:  # with a shortlist: the model scoring only its shortlist (lines with no prefix)
+        listed: Decoder | None = None
+    else:
+        listed: OnFirstUse = OnFirstUse(None)
+    shortlist_file: Path | None = None  # the shortlist `listed` (and the engine) decode with; None: the whole vocabulary
+    model_config: ModelConfig | None = field(default=None, repr=False)  # the model's config, before the model is loaded
+    announce: Deferred[None] | None = field(default=None, repr=False)  # run once, before the first sentences are decoded
 
     @classmethod
     def load(
@@ -78,10 +88,16 @@ class Translator:
         """Load a run directory or checkpoint, or several as an ensemble (a list of two or
         more); `overrides` (DecodeConfig keys) replace the (first) run's decode settings and
         are validated like the config."""
+        from seq2seq_cli.decode.ensemble import Ensemble, check_member
+        from seq2seq_cli.decode.onednn import for_decoding
+        from seq2seq_cli.device import decoding_dtype, pick_device
+        from seq2seq_cli.run.loaded import load_run
+
         paths = [model_path] if isinstance(model_path, (str, Path)) else list(model_path)
         dev = pick_device(device, setting="--device")
         run = load_run(paths[0], dev)
         decode = decode_settings(run.config.decode, overrides or {}, int(run.meta["tgt_vocab"]), flag_name)
+        shortlist = shortlist_of(run.layout, decode, len(paths))
         runs = [run]
         for path in paths[1:]:
             runs.append(load_run(path, dev))
@@ -92,24 +108,28 @@ class Translator:
         model: Decoder = models[0] if len(models) == 1 else Ensemble(models)
         others = tuple(r.run_dir for r in runs[1:])
         tags = None if run.config.tokenizer.vocabulary == "file" else tuple(run.config.data.tags)
-        listed = None
-        if decode.shortlist:
-            if len(models) > 1:
-                raise UserError("--shortlist decodes one model; an ensemble decodes with the whole vocabulary "
-                                "(--full-vocabulary)")
-            listed = shortlisted(models[0], read_shortlist(RunLayout(run.run_dir).shortlist, run.src_sp, run.tgt_sp))
+        listed = None if shortlist is None else shortlisted(models[0], read_shortlist(shortlist, run.src_sp, run.tgt_sp))
         return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags,
-                   listed=listed)
+                   listed=listed, shortlist_file=shortlist, model_config=model.cfg)
 
     @property
-    def shortlist_file(self) -> Path | None:
-        """The file `listed`'s shortlist was read from (None: no shortlist)."""
-        return None if self.listed is None or self.run_dir is None else RunLayout(self.run_dir).shortlist
+    def cfg(self) -> ModelConfig:
+        """The model's config (an ensemble's first member's), without loading the model."""
+        if self.model_config is not None:
+            return self.model_config
+        return self.model.cfg
+
+    @property
+    def max_source(self) -> int:
+        """The most source subwords (EOS not counted) a sentence is decoded from (`encode`)."""
+        return max_source(self.cfg.max_positions)
 
     @property
     def attention_model(self) -> Seq2SeqTransformer:
         """The model whose cross-attention gives alignments, plots and unknown-word
         replacement: the model, or an ensemble's first member."""
+        from seq2seq_cli.decode.ensemble import Ensemble
+
         return self.model.models[0] if isinstance(self.model, Ensemble) else self.model
 
     def run_dirs(self) -> list[Path]:
@@ -129,16 +149,25 @@ class Translator:
                                 "has one); leave out --tag")
             raise UserError(f"--tag {tag}: the run was trained with the tags {', '.join(self.tags)} (data.train of "
                             f"{config}); give one of them")
-        return dataclasses.replace(self, tag_ids=ids)
+        return self.replaced(tag_ids=ids)
 
     def with_engine(self, engine: SearchEngine | None) -> Translator:
         """This translator with `engine` searching where it can (None: our searches alone)."""
-        return dataclasses.replace(self, engine=engine)
+        return self.replaced(engine=engine)
+
+    def replaced(self, **changes: Any) -> Translator:
+        """A copy with `changes` (fields by name), sharing the model, loaded or not yet."""
+        new = copy.copy(self)
+        for name, value in changes.items():
+            if name not in self.__dataclass_fields__:
+                raise TypeError(f"Translator has no field {name!r}")
+            setattr(new, name, value)
+        return new
 
     def encode(self, lines: list[str], cut: list[int] | None = None) -> list[list[int]]:
         """Source ids + EOS (after the tag's id, if any), truncated to what the model's
         positions allow; the indices of the lines cut short are appended to `cut` when given."""
-        limit = max_source_subwords(self.model)
+        limit = self.max_source
         # A list goes to SentencePiece's pool of threads, started for each call: 0.2-1 ms, more
         # than a few lines take one by one (about 10 us each).
         sp = self.src_sp
@@ -152,7 +181,7 @@ class Translator:
     def encode_prefixes(self, texts: list[str], where: Callable[[int], str]) -> list[list[int]]:
         """Forced prefixes as target ids, one per text (blank = none); a prefix longer than the
         model's outputs can be is a UserError naming `where(i)` (its file and line)."""
-        limit = max_source_subwords(self.model)
+        limit = self.max_source
         prefixes = [self.tgt_sp.encode(t) if t.strip() else [] for t in texts]
         for i, p in enumerate(prefixes):
             if len(p) > limit:
@@ -172,23 +201,37 @@ class Translator:
         (a blank line with a prefix gives the prefix alone); `constraints`: the target phrases
         (ids) of each line, decoded by constrained beam search (`seq2seq_cli/decode/constraints.py`);
         the lines without any decode as without."""
+        import numpy as np
+
+        from seq2seq_cli.data.batching import token_batches
+
         d = self.decode
         check_nbest(nbest, d, flag_name)
         if constraints is not None and any(constraints) and d.sampling:
             raise UserError("--constraints and --glossary need beam search; leave out --sampling")
         word_start = self.word_start() if constraints is not None and any(constraints) else None
         engine = self.engine if self.engine is not None and self.engine.why_not(d, nbest) is None else None
+        if self.announce is not None:  # the command's first log line: which path decodes
+            self.announce.get()
         if ids is None:
             ids = self.encode(lines)
         out: list[list[Hypothesis]] = [[NO_HYPOTHESIS] * nbest for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         blank = [i for i, line in enumerate(lines) if not line.strip()]
         if blank:  # not translated: the empty output, with the model's score for it
-            for i, hyps in zip(blank, self.blank_hypotheses(len(blank), prefixes and [prefixes[i] for i in blank])):
-                out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
+            self._blank(blank, out, nbest, engine, prefixes)
         if progress is not None and len(todo) < len(lines):
             progress.update(len(lines) - len(todo))
-        batches = self.plan_batches(todo, ids, constraints)
+        # Lines with constraints and lines without are batched apart: a batch then runs one
+        # search, not both, each with its own steps.
+        groups = [todo] if not constraints else [[i for i in todo if constraints[i]], [i for i in todo if not constraints[i]]]
+        batches = []
+        for group in groups:
+            if len(group) == 1:  # a lone line (a request of one sentence): one batch, nothing to plan
+                batches.append(group)
+                continue
+            lens = np.array([len(ids[i]) for i in group], dtype=np.int64)
+            batches += [[group[j] for j in batch] for batch in token_batches(lens, lens, d.batch_tokens)]
 
         def decode(batch: list[int]) -> None:
             held = [i for i in batch if constraints and constraints[i]]
@@ -201,57 +244,85 @@ class Translator:
                         out[i] = engine_hyps
                 rows = [i for i in rows if by_engine.get(i) is None]
             if rows:
-                src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-                lines_of = [first_line + i for i in rows]
-                if prefixes:  # a prefix's tokens may be off the shortlist: the whole vocabulary
-                    found = search(self.model, src, d, nbest, lines_of, [prefixes[i] for i in rows])
-                else:
-                    found = search(self.listed or self.model, src, d, nbest, lines=lines_of)
-                for i, hyps in zip(rows, found):
-                    out[i] = hyps
+                self._search(rows, ids, out, nbest, first_line, prefixes)
             if held:
-                assert constraints is not None and not isinstance(self.model, Ensemble)  # refused in translate_file
-                src = pad_batch([ids[i] for i in held], [], []).to(self.device)
-                found = constrained_beam_search(self.model, src, d, [constraints[i] for i in held], nbest, word_start)
-                for i, hyps in zip(held, found):
-                    out[i] = hyps + [NO_HYPOTHESIS] * (nbest - len(hyps))
+                assert constraints is not None
+                self._search_constrained(held, ids, out, nbest, [constraints[i] for i in held], word_start)
             if progress is not None:
                 progress.update(len(batch))
 
-        self.run_batches(batches, decode, engine is not None)
+        if engine:  # it uses the threads itself, on each batch
+            for rows in batches:
+                decode(rows)
+            return out
+        self._decode_on_threads(batches, decode)
         return out
 
-    def blank_hypotheses(self, count: int, prefixes: list[list[int]] | None) -> list[list[Hypothesis]]:
-        """The hypotheses of `count` blank lines: the empty output (or the line's prefix alone),
-        with the model's score for it."""
+    def _blank(self, blank: list[int], out: list[list[Hypothesis]], nbest: int, engine: SearchEngine | None,
+               prefixes: list[list[int]] | None) -> None:
+        """The hypotheses of the blank lines `blank`: the empty output (a line's prefix alone),
+        scored by the engine where there is no prefix, else by our search."""
+        from seq2seq_cli.decode.hypotheses import length_penalty
+
+        if engine is not None and not (prefixes and any(prefixes[i] for i in blank)):
+            log_prob = engine.empty_log_prob()
+            for i in blank:
+                out[i] = [Hypothesis([], log_prob / length_penalty(1, self.decode.length_penalty,
+                                                                   self.decode.length_penalty_type), log_prob)]
+                out[i] += [NO_HYPOTHESIS] * (nbest - 1)
+            return
+        from seq2seq_cli.data.batching import pad_batch
+        from seq2seq_cli.decode.search import search
+
         d = self.decode
         empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
-        src = pad_batch([[EOS]] * count, [], []).to(self.device)
+        src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
         if prefixes:
-            return search(self.model, src, empty, 1, prefixes=prefixes)
-        return search(self.model, src, empty, 1)
+            found = search(self.model, src, empty, 1, prefixes=[prefixes[i] for i in blank])
+        else:
+            found = search(self.model, src, empty, 1)
+        for i, hyps in zip(blank, found):
+            out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
 
-    def plan_batches(self, todo: list[int], ids: list[list[int]], constraints: list[Phrases] | None) -> list[list[int]]:
-        """The lines `todo` (indices into `ids`) cut into batches by the source-token budget, sorted
-        by length. Lines with constraints and lines without are batched apart: a batch then runs
-        one search, not both, each with its own steps."""
-        groups = [todo] if not constraints else [[i for i in todo if constraints[i]], [i for i in todo if not constraints[i]]]
-        batches = []
-        for group in groups:
-            if len(group) == 1:  # a lone line (a request of one sentence): one batch, nothing to plan
-                batches.append(group)
-                continue
-            lens = np.array([len(ids[i]) for i in group], dtype=np.int64)
-            batches += [[group[j] for j in batch] for batch in token_batches(lens, lens, self.decode.batch_tokens)]
-        return batches
+    def _search(self, rows: list[int], ids: list[list[int]], out: list[list[Hypothesis]], nbest: int, first_line: int,
+                prefixes: list[list[int]] | None) -> None:
+        """Our search over the lines `rows` (one batch)."""
+        from seq2seq_cli.data.batching import pad_batch
+        from seq2seq_cli.decode.search import search
 
-    def run_batches(self, batches: list[list[int]], decode: Callable[[list[int]], None], by_engine: bool) -> None:
-        """`decode` each batch, using the CPU's threads: an engine uses the threads itself, on each
-        batch; on CPU our searches decode batches side by side, one thread each: the matrices of a
-        decoding step are too small to keep several threads busy on one of them, and their
-        handshakes at every op cost more than they save (a lone sentence too decodes on one)."""
+        src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
+        lines_of = [first_line + i for i in rows]
+        if prefixes:  # a prefix's tokens may be off the shortlist: the whole vocabulary
+            found = search(self.model, src, self.decode, nbest, lines_of, [prefixes[i] for i in rows])
+        else:
+            found = search(self.listed or self.model, src, self.decode, nbest, lines=lines_of)
+        for i, hyps in zip(rows, found):
+            out[i] = hyps
+
+    def _search_constrained(self, held: list[int], ids: list[list[int]], out: list[list[Hypothesis]], nbest: int,
+                            constraints: list[Phrases], word_start: Tensor | None) -> None:
+        """Constrained beam search over the lines `held` (one batch), their constraints given."""
+        from seq2seq_cli.data.batching import pad_batch
+        from seq2seq_cli.decode.constraints import constrained_beam_search
+        from seq2seq_cli.decode.ensemble import Ensemble
+
+        assert word_start is not None and not isinstance(self.model, Ensemble)  # refused in translate_file
+        src = pad_batch([ids[i] for i in held], [], []).to(self.device)
+        found = constrained_beam_search(self.model, src, self.decode, constraints, nbest, word_start)
+        for i, hyps in zip(held, found):
+            out[i] = hyps + [NO_HYPOTHESIS] * (nbest - len(hyps))
+
+    def _decode_on_threads(self, batches: list[list[int]], decode: Callable[[list[int]], None]) -> None:
+        """Run `decode` over `batches`: on CPU the threads decode batches side by side, one thread
+        each: the matrices of a decoding step are too small to keep several threads busy on one
+        of them, and their handshakes at every op cost more than they save (a lone sentence too
+        decodes on one)."""
+        import torch
+
+        from seq2seq_cli.decode.threads import one_thread, spread
+
         threads = torch.get_num_threads()
-        if self.device.type != "cpu" or threads == 1 or by_engine:
+        if self.device.type != "cpu" or threads == 1:
             for rows in batches:
                 decode(rows)
             return
@@ -277,6 +348,8 @@ class Translator:
                       for p in pieces]  # special pieces (<pad>, </s>, ...) count as word starts
             vocab = self.attention_model.tgt_embed.tokens.num_embeddings
             starts = (starts + [True] * vocab)[:vocab]
+            import torch
+
             self._word_start = torch.tensor(starts, dtype=torch.bool, device=self.device)
         return self._word_start
 
@@ -287,6 +360,8 @@ class Translator:
     def cross_attention(self, src_ids: list[int], tokens: list[int], layer: int, head: int | None) -> Tensor:
         """Cross-attention of one hypothesis, teacher-forced -> (T+1, S): rows are output
         tokens then EOS, columns are source subwords then EOS."""
+        import torch
+
         src = torch.tensor([src_ids], device=self.device)
         model = self.attention_model
         tgt_in = torch.tensor([[model.cfg.decoder_start_id] + tokens], device=self.device)
@@ -310,18 +385,3 @@ class Translator:
             else:
                 text.append(self.tgt_sp.id_to_piece(tok).replace("\u2581", " "))
         return "".join(text).strip()
-
-def shortlisted(model: Seq2SeqTransformer, shortlist: Shortlist) -> Seq2SeqTransformer:
-    """A copy of `model` (sharing everything) whose searches score only the target ids
-    `shortlist` gives each batch's source ids (`Seq2SeqTransformer.candidates`)."""
-    listed = copy.copy(model)
-    listed.candidates = shortlist.candidates
-    return listed
-
-
-def read_shortlist(path: Path, src_sp: SentencePieceProcessor, tgt_sp: SentencePieceProcessor) -> Shortlist:
-    """The run's shortlist file; a UserError where there is none."""
-    if not path.is_file():
-        raise UserError(f"{path}: the run has no shortlist (seq2seq train writes it from the training data when it "
-                        "starts); decode without --shortlist")
-    return read(path, {p: i for i, p in enumerate(all_pieces(src_sp))}, {p: i for i, p in enumerate(all_pieces(tgt_sp))})

@@ -13,19 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from seq2seq_cli.decode.constraints import Phrases
+from seq2seq_cli.decode.hypotheses import Hypothesis
 from seq2seq_cli.decode.plots import plot_attention
 from seq2seq_cli.decode.prefixes import PrefixFile
-from seq2seq_cli.decode.search import Hypothesis, max_source_subwords
 from seq2seq_cli.decode.terms import Terminology
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.sentences import SplitPlan, Splitter, plan
 from seq2seq_cli.documents.streams import CHUNK_LINES, chunked
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import UNK
+
+if TYPE_CHECKING:
+    from seq2seq_cli.decode.constraints import Phrases
 
 
 @dataclass
@@ -169,7 +172,7 @@ def line_constraints(
     if terms is None:
         return None
     phrases = terms.phrases(translator.tgt_sp, lines, first, input_name)
-    limit = max_source_subwords(translator.model)
+    limit = translator.max_source
     for i, p in enumerate(phrases):
         if sum(map(len, p)) > limit:
             raise UserError(f"{input_name}:{first + i + 1}: the constraints of this line have {sum(map(len, p))} "

@@ -1,6 +1,6 @@
 """Lines of text read as they arrive, in chunks: a file's lines CHUNK_LINES at a time, and
-stdin answered as it arrives; the attention plots' folder; SIGTERM ending a translation as
-Ctrl-C does.
+stdin answered as it arrives; the attention plots' folder (SIGTERM ending a translation as
+Ctrl-C does is `fileio.terminate_as_interrupt`).
 
 Stdin is read in bytes and answered as it arrives: each chunk holds the complete lines
 already there (at least one, at most a chunk's worth), so a program that writes a line and
@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import os
 import select
-import signal
-import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import BinaryIO
@@ -98,24 +95,6 @@ def prepare_plot_dir(path: Path) -> None:
         raise UserError(f"{path}: cannot create the --attention-plots directory ({exc.strerror or exc})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"{path}: the --attention-plots directory is not writable")
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM ends the process as Ctrl-C does: by an exception (SystemExit
-    143), so that the temporary file of an output being written is removed on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def chunked(lines: Iterable[str], size: int) -> Iterator[list[str]]:

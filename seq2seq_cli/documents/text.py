@@ -14,14 +14,12 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from seq2seq_cli.decode.ensemble import Ensemble
 from seq2seq_cli.decode.prefixes import PrefixFile
-from seq2seq_cli.decode.search import max_source_subwords
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.lines import OutputOptions, translate_chunks
-from seq2seq_cli.documents.streams import CHUNK_LINES, chunked, prepare_plot_dir, stdin_chunks, terminate_as_interrupt
+from seq2seq_cli.documents.streams import CHUNK_LINES, chunked, prepare_plot_dir, stdin_chunks
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import check_output, check_text_file, iter_lines, write_lines
+from seq2seq_cli.fileio import check_output, check_text_file, iter_lines, terminate_as_interrupt, write_lines
 
 PLOT_WARNING = 50  # sentences beyond which --attention-plots warns that it is slow
 
@@ -54,7 +52,7 @@ def translate_file(
     if opts.terminology is not None:
         if translator.decode.sampling:
             raise UserError("--constraints and --glossary need beam search; leave out --sampling")
-        if isinstance(translator.model, Ensemble):
+        if translator.ensemble_runs:
             raise UserError("--constraints and --glossary decode with one model; give one --model (-m)")
         opts.terminology.check_tokens(translator.tgt_sp)
     if src == "-":
@@ -84,7 +82,7 @@ def translate_file(
                 sink.flush()  # each chunk is answered as soon as it is translated
                 count += len(rows)
     if cut:
-        print(describe_cut(src, cut, max_source_subwords(translator.model)), file=sys.stderr)
+        print(describe_cut(src, cut, translator.max_source), file=sys.stderr)
     return count
 
 

@@ -19,24 +19,26 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
 
 from seq2seq_cli.config import ARCHITECTURE_KEYS, Config, ModelConfig
 from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256, check_fingerprint, tokenizer_fingerprint
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text, remove_dead_temps, sha256
 from seq2seq_cli.layout import BEST, CHECKPOINTS, LAST, MANIFEST, STATE, STEP, WEIGHTS, RunLayout, managed, step_name
-from seq2seq_cli.model.transformer import Seq2SeqTransformer
+from seq2seq_cli.run.safetensors_layout import check_safetensors_layout
+
+if TYPE_CHECKING:  # torch is imported where weights are read or written: the rest serves loaders without it
+    import torch
+
+    from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 FORMAT_VERSION = "1"
 
@@ -53,6 +55,8 @@ def save_weights(path: Path, model: Seq2SeqTransformer, config: Config, meta: di
     }
 
     def write(tmp: str) -> None:
+        from safetensors.torch import save_model
+
         try:
             save_model(model, tmp, metadata=metadata)
         except SafetensorError as exc:  # an I/O error (a full disk) surfaces as this
@@ -73,7 +77,7 @@ def write_error(exc: Exception, tmp: str) -> OSError:
 
 def read_metadata(path: Path) -> dict[str, str]:
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
     except (SafetensorError, OSError) as exc:
         raise UserError(f"{path}: not a readable checkpoint ({exc})") from None
@@ -137,9 +141,9 @@ def _link_set(ckpt_dir: Path, src: str, dst: str, roles: tuple[str, ...]) -> Non
         os.replace(tmp, dst_files[role])
 
 
-def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool) -> str | None:
-    """None when checkpoint NAME is complete and its files match the manifest's sha256;
-    otherwise what is wrong with it."""
+def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool, weights_sha256: str | None = None) -> str | None:
+    """None when checkpoint NAME is complete and its files match the manifest's sha256 (the weights'
+    given as `weights_sha256` where the caller has it); otherwise what is wrong with it."""
     files = _files(ckpt_dir, name)
     if not files["manifest"].is_file():
         return f"{files['manifest'].name} is missing"
@@ -151,7 +155,7 @@ def verify_checkpoint(ckpt_dir: Path, name: str, need_state: bool) -> str | None
     for role in ("weights", "state") if need_state else ("weights",):
         if not files[role].is_file():
             return f"{files[role].name} is missing"
-        if sha256(files[role]) != hashes.get(role):
+        if (weights_sha256 if role == "weights" and weights_sha256 else sha256(files[role])) != hashes.get(role):
             return f"{files[role].name} is corrupted or truncated (sha256 does not match {files['manifest'].name})"
     return None
 
@@ -208,6 +212,8 @@ def verify_weights(ckpt: Path) -> None:
             raise UserError(f"{ckpt}: {problem}")
     else:
         check_safetensors_layout(ckpt)
+    import torch
+
     bad = []
     try:
         with safe_open(str(ckpt), framework="pt") as f:
@@ -221,54 +227,10 @@ def verify_weights(ckpt: Path) -> None:
         raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
 
 
-SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-                           "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-
-
-def check_safetensors_layout(path: Path) -> None:
-    """What can be checked of a safetensors file without a manifest: the header is valid JSON,
-    each tensor's byte range fits its dtype and shape, the ranges tile the data exactly and the
-    file is as long as they say. UserError naming the first problem."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise UserError(f"{path}: not a readable checkpoint ({size} bytes, shorter than its header)")
-            n = int.from_bytes(head, "little")
-            if n > size - 8:
-                raise UserError(f"{path}: not a readable checkpoint (truncated: header of {n} bytes, file of {size})")
-            header = json.loads(f.read(n))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not a readable checkpoint (header is not JSON: {exc})") from None
-    if not isinstance(header, dict):
-        raise UserError(f"{path}: not a readable checkpoint (header is not a JSON object)")
-    ranges = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            begin, end = info["data_offsets"]
-            count = math.prod(info["shape"])
-            width = SAFETENSORS_DTYPE_BYTES[info["dtype"]]
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{path}: not a readable checkpoint (tensor {name!r} has a malformed header entry)") from None
-        if end - begin != count * width:
-            raise UserError(f"{path}: not a readable checkpoint "
-                            f"(tensor {name!r} has {end - begin} bytes, {count * width} expected for its shape)")
-        ranges.append((begin, end))
-    position = 0
-    for begin, end in sorted(ranges):
-        if begin != position:
-            raise UserError(f"{path}: not a readable checkpoint (tensor data overlaps or leaves gaps at byte {position})")
-        position = end
-    if 8 + n + position != size:
-        raise UserError(f"{path}: not a readable checkpoint "
-                        f"(truncated or padded: {size} bytes, the header describes {8 + n + position})")
-
-
 def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.device = "cpu") -> None:
     """Load safetensors weights into a model built for them; UserError when they do not fit."""
+    from safetensors.torch import load_model
+
     try:
         missing, unexpected = load_model(model, str(path), strict=False, device=str(device))
     except (SafetensorError, RuntimeError) as exc:
@@ -299,6 +261,8 @@ def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int)
 
 
 def save_train_state(path: Path, state: dict[str, Any]) -> None:
+    import torch
+
     def write(tmp: str) -> None:
         try:
             torch.save(state, tmp)
@@ -309,6 +273,8 @@ def save_train_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_train_state(path: Path) -> dict[str, Any]:
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means the file cannot be trusted

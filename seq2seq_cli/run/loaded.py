@@ -6,6 +6,10 @@ evaluation and export.
 against its manifest's sha256 (or, without a manifest, the file's layout), its weights must
 all be finite, and the run's tokenizers must be those the checkpoint was trained with: the
 same vocabulary sizes and, where the checkpoint records them, the same files (sha256).
+
+`open_run(path) -> RunFiles` checks the same without reading the weights (nor importing torch):
+what a decoder that has the model in another form (CTranslate2's) needs, the weights' sha256
+included.
 """
 
 from __future__ import annotations
@@ -14,23 +18,21 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.config import Config
 from seq2seq_cli.config_load import validate_config
 from seq2seq_cli.data.tokenizer import TOKENIZER_SHA256, check_fingerprint, load_tokenizers
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import sha256
 from seq2seq_cli.layout import MANIFEST, RunLayout
-from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
-from seq2seq_cli.run.checkpoint import (
-    check_safetensors_layout,
-    load_weights,
-    read_metadata,
-    resolve_checkpoint,
-    verify_checkpoint,
-)
+from seq2seq_cli.run.checkpoint import load_weights, read_metadata, resolve_checkpoint, verify_checkpoint
+from seq2seq_cli.run.safetensors_layout import check_safetensors_layout
+
+if TYPE_CHECKING:  # torch and the model are imported by the loaders of weights only (`open_run` needs neither)
+    import torch
+
+    from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 
 @dataclass
@@ -58,6 +60,44 @@ class LoadedRun(LoadedModel):
     tgt_sp: Any
 
 
+@dataclass
+class RunFiles:
+    """A run's checkpoint, checked against its manifest, with its config, metadata and tokenizers
+    (checked to be the checkpoint's): all of the run but the weights themselves."""
+
+    config: Config
+    meta: dict[str, str]
+    run_dir: Path
+    checkpoint: Path
+    src_sp: Any
+    tgt_sp: Any
+    weights_sha256: str  # of the checkpoint's weights file
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.run_dir)
+
+
+def open_run(path: str | Path) -> RunFiles:
+    """The run (or checkpoint) at `path` checked as `load_run` checks it, but for the weights'
+    values (finite): UserError naming the file on any problem. Imports no torch."""
+    run_dir, ckpt = resolve_checkpoint(path)
+    digest = sha256(ckpt)
+    if ckpt.with_suffix(MANIFEST).is_file():
+        problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False, weights_sha256=digest)
+        if problem is not None:
+            raise UserError(f"{ckpt}: {problem}")
+    else:
+        check_safetensors_layout(ckpt)
+    meta = read_metadata(ckpt)
+    config = embedded_config(meta, run_dir, ckpt)
+    t = config.tokenizer
+    src_sp, tgt_sp = load_tokenizers(run_dir, t.joint, t.vocabulary)
+    files = RunFiles(config, meta, run_dir, ckpt, src_sp, tgt_sp, digest)
+    check_tokenizers(files)
+    return files
+
+
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """Load and verify the run (or checkpoint) at `path`; UserError naming the file on any problem."""
     m = load_model(path, device)
@@ -71,6 +111,8 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
     """The verified model of the run (or checkpoint) at `path`, without its tokenizers (for
     `seq2seq info`, which describes the model alone)."""
+    from seq2seq_cli.model.transformer import build_model
+
     run_dir, ckpt = resolve_checkpoint(path)
     manifest = ckpt.with_suffix(MANIFEST).is_file()
     if manifest:
@@ -106,12 +148,14 @@ def embedded_config(meta: dict[str, str], run_dir: Path, ckpt: Path) -> Config:
 def check_finite(model: Seq2SeqTransformer, ckpt: Path) -> None:
     """Refuse weights holding NaN or infinite values (a damaged or badly converted file): the
     model would answer nothing, or noise, without a word."""
+    import torch
+
     bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
     if bad:
         raise UserError(f"{ckpt}: weights are damaged: {len(bad)} tensors hold NaN or infinite values ({bad[0]}, ...)")
 
 
-def check_tokenizers(run: LoadedRun) -> None:
+def check_tokenizers(run: LoadedRun | RunFiles) -> None:
     """Refuse a tokenizer whose vocabulary is not the one the checkpoint was trained with: the
     ids would mean other pieces and the translations would be wrong without a word. The sizes
     are compared first; then, when the checkpoint records one (its `TOKENIZER_SHA256`

@@ -21,7 +21,6 @@ by side would share the CPU's threads and slow both far more than they gain).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -167,7 +166,7 @@ class Batcher:
     def _translator(self, options: JobOptions) -> Translator:
         t = self._translators.get(options.decode)
         if t is None:
-            t = dataclasses.replace(self.translator, decode=DecodeConfig.model_validate_json(options.decode))
+            t = self.translator.replaced(decode=DecodeConfig.model_validate_json(options.decode))
             self._translators[options.decode] = t
         return t
 
