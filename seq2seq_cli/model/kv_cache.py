@@ -18,13 +18,10 @@ Shape legend
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from seq2seq_cli.model.step import StepWeights
 
 
 @dataclass
@@ -165,7 +162,7 @@ class DecoderState:
     vocab_bias: Tensor | None = None  # (C,) their logits bias, where the model has one
     steps: StepCache | None = None  # the fused step's self-attention cache; None: the layers' own
     cross_bias: Tensor | None = None  # (B, H, 1, S) 0 for a source position, -inf for padding (with `steps`)
-    weights: StepWeights | None = None  # the decoder's weights arranged for the step (with `steps`)
+    weights: Any = None  # model.step.StepWeights: the decoder's weights arranged for the step (with `steps`)
     cross: list[tuple[Tensor, Tensor]] | None = None  # per layer cross_k as (B*H, Dk, S), cross_v as (B*H, S, Dv) (with `steps`)
 
     def preallocate(self, rows: int, positions: int, heads: int, k_size: int, v_size: int) -> None:
