@@ -161,11 +161,14 @@ def test_imports_between_wings_point_down():
 
 def test_no_test_module_imports_another_test_module():
     offenders = []
-    for path in sorted((REPO / "tests").glob("*.py")):
+    paths = sorted((REPO / "tests").rglob("*.py"))
+    assert {p.parent.name for p in paths} >= {"tests", "model", "decode", "serve"}  # every folder, not only the top one
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[-1].startswith("test_") or n.startswith("tests.")]
+            where = path.relative_to(REPO / "tests")
+            offenders += [f"{where}: {n}" for n in names if n.split(".")[-1].startswith("test_") or n.startswith("tests.")]
     assert not offenders, "test modules importing test modules:\n" + "\n".join(offenders)
 
 
