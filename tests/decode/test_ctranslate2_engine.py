@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
-from helpers import documented_errors, sequence_log_prob, train_shipped_tiny
+from helpers import documented_errors, sequence_log_prob
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 
@@ -27,13 +27,11 @@ def torch_threads():
     yield
     torch.set_num_threads(threads)
 
-SMALL = {"d_model": 64, "heads": 4, "ffn_size": 128, "encoder_layers": 2, "decoder_layers": 2}
-
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """A small model trained enough (150 updates) to give sentences of words."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("engine"), model=SMALL, max_steps=150, lr=0.005, warmup_steps=30)
+def run_dir(small_run) -> Path:
+    """A small model trained enough (150 updates) to give sentences of words (shared, read only)."""
+    return small_run
 
 
 LINES = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:30]
