@@ -1,15 +1,17 @@
-"""Shared fixtures: tiny models and a tiny parallel corpus written into a temp directory."""
+"""Shared fixtures: tiny models, a tiny parallel corpus written into a temp directory, and the
+small trained runs that tests of several wings decode with, each trained once per session."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from helpers import REPO, SHIPPED
+from helpers import REPO, SHIPPED, snapshot, train_shipped_tiny
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
 
@@ -76,3 +78,49 @@ def tiny_config(tmp_path: Path, corpus_dir: Path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path
+
+
+# --------------------------------------------------------------------------- small trained runs
+# Each is trained once per session and shared by every module that needs it. They are read only:
+# a test that writes into a run (a checkpoint, a file the run owns, a resumed training) works on
+# its own copy (shutil.copytree into tmp_path). A run found changed at the end of the session
+# fails the test session, naming the paths.
+
+
+def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, **settings) -> Iterator[Path]:
+    """`train_shipped_tiny(**settings)` in a folder of its own; after the session, the check that
+    no test wrote into it."""
+    run = train_shipped_tiny(tmp_path_factory.mktemp(name), **settings)
+    before = snapshot(run)
+    yield run
+    after = snapshot(run)
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    assert not changed, f"a test wrote into the shared run {run} (copy it first): {changed}"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """configs/tiny.yaml trained for 40 updates on the shipped validation split: outputs of a few
+    words, different from sentence to sentence."""
+    yield from shared_run(tmp_path_factory, "tiny-run")
+
+
+@pytest.fixture(scope="session")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """configs/tiny.yaml trained for 4 updates, with step checkpoints at 2 and 4 (both kept)."""
+    yield from shared_run(tmp_path_factory, "short-run", max_steps=4, valid_every=2, keep_last=2)
+
+
+SMALL = {"d_model": 64, "heads": 4, "ffn_size": 128, "encoder_layers": 2, "decoder_layers": 2}
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A small model (SMALL) trained enough (150 updates) to give sentences of words."""
+    yield from shared_run(tmp_path_factory, "small-run", model=SMALL, max_steps=150, lr=0.005, warmup_steps=30)
+
+
+@pytest.fixture(scope="session")
+def sentences() -> list[str]:
+    """The first 12 source lines of the shipped test split (a module may define its own)."""
+    return (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:12]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -219,3 +220,20 @@ def documented_errors(section: str) -> dict[str, str]:
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     part = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
     return dict(re.findall(r"^\| ([a-z0-9-]+) \| .* \| [12] \| `(error: [^`]+)` \|$", part, flags=re.MULTILINE))
+
+
+def one_error_line(result, *fragments: str) -> str:
+    """The CliRunner result failed with exactly one `error:` line on stderr holding every fragment
+    -> that line."""
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a `python -m seq2seq_cli` subprocess: this checkout first on its path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

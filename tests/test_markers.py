@@ -16,7 +16,7 @@ def pytest_run(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_slow_tests_are_skipped_by_default():
-    r = pytest_run("tests/test_interrupt.py", "-rs", "-k", "random_moments")
+    r = pytest_run("tests/train/test_interrupt.py", "-rs", "-k", "random_moments")
     assert r.returncode == 0, r.stdout[-2000:]
     assert "8 skipped" in r.stdout and "slow: run with --runslow or SEQ2SEQ_SLOW=1" in r.stdout
 

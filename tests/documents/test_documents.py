@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lxml import etree
 from typer.testing import CliRunner
 
-from helpers import REPO, SHIPPED, headless_chromium, train_shipped_tiny
+from helpers import REPO, SHIPPED, headless_chromium
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.lines import OutputOptions, translate_sentences, translate_stream
@@ -24,8 +24,9 @@ ES = Splitter("es")
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return train_shipped_tiny(tmp_path_factory.mktemp("documents"))
+def run_dir(tiny_run) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split (shared, read only)."""
+    return tiny_run
 
 
 @pytest.fixture(scope="module")

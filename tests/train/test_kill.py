@@ -60,21 +60,28 @@ def kill_at_step(proc: subprocess.Popen, run: Path, target: int, timeout: float 
     return logged_step(run)
 
 
-def test_sigkill_at_chosen_steps_loses_nothing(tmp_path):
-    reference = quiet(make_config(tmp_path, "reference", **SETTINGS))
-    cfg = make_config(tmp_path, "run", **SETTINGS)
+@pytest.mark.parametrize("kills, max_steps", [
+    pytest.param(3, 30, id="3-kills"),
+    pytest.param(KILLS, SETTINGS["max_steps"], id=f"{KILLS}-kills", marks=pytest.mark.slow),
+])
+def test_sigkill_at_chosen_steps_loses_nothing(tmp_path, kills, max_steps):
+    """Three kills by default (at steps 12, 15 and 18 where each lands on time: a save, between
+    saves, a save); the full loop, 20 kills over 300 steps, with --runslow or SEQ2SEQ_SLOW=1."""
+    settings = {**SETTINGS, "max_steps": max_steps}
+    reference = quiet(make_config(tmp_path, "reference", **settings))
+    cfg = make_config(tmp_path, "run", **settings)
     run = tmp_path / "run"
     ckpt_dir = run / "checkpoints"
     rng = random.Random(1234)
     resumed_from: list[int] = []
     killed_at: list[int] = []
     cmd = [sys.executable, "-m", "seq2seq_cli", "train", "--config", str(cfg), "--no-progress"]
-    for _ in range(KILLS):
+    for _ in range(kills):
         resume = (ckpt_dir / "last.json").is_file()
         resumed_from.append(json.loads((ckpt_dir / "last.json").read_text())["step"] if resume else 0)
         # past anything an earlier process logged (the log is truncated to the resume point
         # only once the new process has started)
-        target = logged_step(run) + SETTINGS["log_every"] * rng.randint(1, 4)
+        target = logged_step(run) + settings["log_every"] * rng.randint(1, 4)
         proc = subprocess.Popen(cmd + (["--resume"] if resume else []), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         killed_at.append(kill_at_step(proc, run, target))
         assert killed_at[-1] >= target
@@ -84,14 +91,14 @@ def test_sigkill_at_chosen_steps_loses_nothing(tmp_path):
     assert proc.returncode == 0, err
     # the kills landed after training had made progress: every resume started from a
     # checkpoint no older than the one before, and most from a newer one
-    assert resumed_from == sorted(resumed_from) and len(set(resumed_from)) > KILLS // 2
+    assert resumed_from == sorted(resumed_from) and len(set(resumed_from)) > kills // 2
     # some kills landed between saves, some just as a validation's checkpoint was being written
-    assert {s % SETTINGS["valid_every"] for s in killed_at} >= {0, 3}
+    assert {s % settings["valid_every"] for s in killed_at} >= {0, 3}
     assert_no_corrupt_checkpoint(ckpt_dir)
     a = load_file(str(reference / "checkpoints" / "last.safetensors"))
     b = load_file(str(ckpt_dir / "last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((ckpt_dir / "last.json").read_text())["step"] == SETTINGS["max_steps"]
+    assert json.loads((ckpt_dir / "last.json").read_text())["step"] == settings["max_steps"]
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from seq2seq_cli.model.info import MemoryEstimate, flop_estimate, parameter_tabl
 from seq2seq_cli.model.transformer import Seq2SeqTransformer, build_model
 from seq2seq_cli.run.checkpoint import save_weights
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = dict(d_model=16, heads=2, ffn_size=24, encoder_layers=2, decoder_layers=3, dropout=0.0, max_positions=40)
 
 CONFIGS = [

@@ -2,7 +2,7 @@
 so a translator with the engine attached answers as our search does (up to ties of float32
 rounding), and leaves to our search what CTranslate2 would do differently: outputs that reach
 their limit, forced prefixes, sampling, the gnmt penalty. The converted model is written into
-the run (RUN/ctranslate2/NAME-SHA/) and nowhere else (tests/test_defaults.py: once, atomically)."""
+the run (RUN/ctranslate2/NAME-SHA/) and nowhere else (tests/decode/test_defaults.py: once, atomically)."""
 
 import tempfile
 from pathlib import Path
@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
-from helpers import documented_errors, sequence_log_prob, train_shipped_tiny
+from helpers import documented_errors, sequence_log_prob
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.fileio import sha256
@@ -29,13 +29,11 @@ def torch_threads():
     yield
     torch.set_num_threads(threads)
 
-SMALL = {"d_model": 64, "heads": 4, "ffn_size": 128, "encoder_layers": 2, "decoder_layers": 2}
-
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """A small model trained enough (150 updates) to give sentences of words."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("engine"), model=SMALL, max_steps=150, lr=0.005, warmup_steps=30)
+def run_dir(small_run) -> Path:
+    """A small model trained enough (150 updates) to give sentences of words (shared, read only)."""
+    return small_run
 
 
 LINES = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:30]

@@ -11,19 +11,16 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
-from helpers import sequence_log_prob, train_shipped_tiny
+from helpers import sequence_log_prob
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
 
-SMALL = {"d_model": 64, "heads": 4, "ffn_size": 128, "encoder_layers": 2, "decoder_layers": 2}
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """A small model trained enough (150 updates) to give sentences of words."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("export"), model=SMALL, max_steps=150, lr=0.005, warmup_steps=30)
+def run_dir(small_run) -> Path:
+    """A small model trained enough (150 updates) to give sentences of words (shared, read only)."""
+    return small_run
 
 
 def test_ctranslate2_beam_output_equals_ours(run_dir, tmp_path):

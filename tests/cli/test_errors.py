@@ -665,8 +665,8 @@ def test_a_tag_cannot_take_a_control_or_reserved_piece(ws, tag):
 def test_every_case_is_documented():
     table = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, flags=re.MULTILINE))
-    # the cases of corpora by name, Moses zips and scores are checked by tests/test_data_errors.py (read, not imported)
-    data_cases = set(re.findall(r'^    "([a-z0-9-]+)": \(', (REPO / "tests" / "test_data_errors.py").read_text(encoding="utf-8"),
+    # the cases of corpora by name, Moses zips and scores are checked by tests/data/test_data_errors.py (read, not imported)
+    data_cases = set(re.findall(r'^    "([a-z0-9-]+)": \(', (REPO / "tests" / "data" / "test_data_errors.py").read_text(encoding="utf-8"),
                                 flags=re.MULTILINE))
     assert documented == set(CASES) | set(PROCESS_CASES) | set(LOGGED_CASES) | data_cases
     assert len(CASES) >= 15

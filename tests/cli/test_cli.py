@@ -101,7 +101,7 @@ def test_mismatched_corpus_is_one_line_error(tiny_config, corpus_dir):
     ],
 )
 def test_bad_invocations_are_one_line_errors(args, fragments, tmp_path, monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     _one_line_error(invoke(*args), *fragments)
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
-from helpers import REPO, train_shipped_tiny
+from helpers import REPO
 from seq2seq_cli.choices import Engine
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.hypotheses import output_limit
@@ -46,9 +46,9 @@ def torch_threads():
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A small model trained enough (150 updates) to end its sentences."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("defaults"), model=SMALL, max_steps=150, lr=0.005, warmup_steps=30)
+def trained(small_run) -> Path:
+    """A small model trained enough (150 updates) to end its sentences: the session's."""
+    return small_run
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import yaml
 from seq2seq_cli.config_load import load_config
 from seq2seq_cli.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write(tmp_path: Path, text: str) -> Path:

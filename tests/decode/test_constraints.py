@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 import seq2seq_cli.decode.constraints as constraints_module
 from conftest import REPO, SHIPPED, random_sources, tiny_model
-from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.constraints import constrained_beam_search, constrained_limits
@@ -24,9 +23,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """A tiny model trained for a few dozen steps on the shipped validation split."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("constraints"))
+def run_dir(tiny_run) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split (shared, read only)."""
+    return tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
-from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.ids import EOS
@@ -20,9 +19,9 @@ PREFIXES = ["The", "", "I would like", "Es", "", "yes, the house of my friend is
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """A tiny model trained for a few dozen steps on the shipped validation split."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("prefix"))
+def run_dir(tiny_run) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split (shared, read only)."""
+    return tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from helpers import SHIPPED, train_shipped_tiny
+from helpers import SHIPPED
 from seq2seq_cli.cli import app
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return train_shipped_tiny(tmp_path_factory.mktemp("evaluate"))
+def run(tiny_run):
+    return tiny_run
 
 
 def test_evaluate_says_whether_lines_were_split(run, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from seq2seq_cli import layout
 from seq2seq_cli.layout import RunLayout, managed, run_of_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OWNER = REPO / "seq2seq_cli" / "layout.py"
 RUN_NAMES = {
     "config.yaml", "metrics.jsonl", "last.safetensors", "best.safetensors", "last.json", "best.json",

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import SHIPPED, random_sources, tiny_model
-from helpers import documented_errors, train_shipped_tiny
+from helpers import documented_errors
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.data import shortlist as sl
@@ -130,8 +130,9 @@ def test_a_shortlist_limits_outputs_to_its_candidates_and_renormalises():
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return train_shipped_tiny(tmp_path_factory.mktemp("shortlist"), max_steps=30)
+def run_dir(tiny_run) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split (shared, read only)."""
+    return tiny_run
 
 
 def test_train_writes_the_runs_shortlist(run_dir):

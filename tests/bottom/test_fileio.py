@@ -90,7 +90,7 @@ def test_config_and_checkpoint_import_without_a_cycle():
     import sys
 
     code = "import seq2seq_cli.config, sys; assert 'seq2seq_cli.run.checkpoint' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
-from helpers import train_shipped_tiny
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.lines import OutputOptions, translate_sentences, translate_stream
@@ -18,9 +17,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    """A tiny model trained for a few dozen steps on the shipped validation split."""
-    return train_shipped_tiny(tmp_path_factory.mktemp("translate"))
+def run_dir(tiny_run) -> Path:
+    """A tiny model trained for a few dozen steps on the shipped validation split (shared, read only)."""
+    return tiny_run
 
 
 @pytest.fixture(scope="module")
