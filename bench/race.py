@@ -85,7 +85,7 @@ def update_tokens(config: Config, train, updates: int) -> int:
 
 
 def valid_nll(config: Config, forward: torch.nn.Module, valid) -> float:
-    from seq2seq_cli.train.loop import validate
+    from seq2seq_cli.train.validation import validate
 
     return validate(forward, valid, config, torch.device("cpu"))["valid_nll"]
 
@@ -146,8 +146,8 @@ def run_hf(config: Config, steps: list[int]) -> dict:
     import math
 
     from seq2seq_cli.data.batching import collate, epoch_batches
-    from seq2seq_cli.train.loop import update_lr
     from seq2seq_cli.train.loss import label_smoothed_nll
+    from seq2seq_cli.train.schedule import update_lr
     from seq2seq_cli.train.setup import make_optimizer
     from seq2seq_cli.train.state import TrainState
 
@@ -222,10 +222,10 @@ def speed(config: Config, updates: int) -> dict:
     positions only), clipping, fused AdamW and the moving average; HF its logits everywhere
     and our loss (as its race loop). Finds causes; the timed race is what claims."""
     from seq2seq_cli.data.batching import collate, epoch_batches
+    from seq2seq_cli.device import autocast
     from seq2seq_cli.model.transformer import build_model
     from seq2seq_cli.train.ema import averaged_copy
-    from seq2seq_cli.train.loop import autocast, batch_loss
-    from seq2seq_cli.train.loss import label_smoothed_nll
+    from seq2seq_cli.train.loss import batch_loss, label_smoothed_nll
     from seq2seq_cli.train.setup import make_optimizer
 
     t, cpu = config.train, torch.device("cpu")

@@ -61,8 +61,8 @@ import torch.nn.functional as F
 from shapes import add_shape_arguments, hf_marian, our_model, shape_config
 
 from seq2seq_cli.config import TrainConfig
+from seq2seq_cli.device import autocast
 from seq2seq_cli.model.info import flop_estimate
-from seq2seq_cli.train.loop import autocast
 from seq2seq_cli.train.loss import label_smoothed_nll
 from seq2seq_cli.train.setup import make_optimizer
 

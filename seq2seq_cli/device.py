@@ -1,11 +1,13 @@
 """The device and precision policy, one place for training, decoding and serving: which device a
-process runs on (`pick_device`), the precision training computes in (`resolve_precision`),
-the precision and dtype a loaded model decodes in (`decoding_precision`, `decoding_dtype`), and
-what the CPU offers. torch is imported by the functions that need it, so that the CTranslate2
-engine decides without it."""
+process runs on (`pick_device`), the precision training computes in (`resolve_precision`,
+`autocast`), the compiled kernels a process keeps (`limit_kernel_caches`), the precision and
+dtype a loaded model decodes in (`decoding_precision`, `decoding_dtype`), and what the CPU
+offers. torch is imported by the functions that need it, so that the CTranslate2 engine
+decides without it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -113,6 +115,37 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision != "auto":
         return precision
     return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else "fp32"
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 or fp16 autocast as the (resolved) precision says; plain fp32 otherwise."""
+    import torch
+
+    precision = resolve_precision(precision, device)
+    if precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+KERNEL_CACHE = 128
+"""The compiled matrix-product kernels a process keeps: oneDNN's primitive cache and ideep's
+(PyTorch's bf16 products on CPU) each keep up to 1024 by default, a kernel for every shape,
+about a megabyte each. Token-budget batches come in thousands of shapes, so a trainer kept
+every one it met until the caches were full: its memory grew update after update by gigabytes.
+One update needs about 25; recompiling a kernel costs a few milliseconds, a few percent of an
+update's time at most."""
+
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def limit_kernel_caches() -> None:
+    """Keep at most KERNEL_CACHE compiled kernels (see there); a capacity set in the environment
+    is kept. oneDNN and ideep read these variables when they first compile a kernel, so this is
+    called before anything computes."""
+    for name in KERNEL_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(KERNEL_CACHE))
 
 
 def decoding_precision(decode: DecodeConfig, device_type: str) -> str:

@@ -4,10 +4,13 @@ text files -> tokenizer -> encoded pairs -> token-budget batches -> model -> lab
 cross-entropy -> Adam with inverse-sqrt warmup -> checkpoints and metrics.jsonl.
 
 `setup_run` (in `setup.py`) builds what a run needs (data, tokenizer, model, optimizer, the
-`TrainState`, fresh or resumed); `train` then loops over `one_update`, `log_progress`,
-`validate_and_save` and `should_stop`. `TrainState` (in `state.py`) is the record of where
-training stands: its `state_dict()` is what a checkpoint's training state holds, beside the
-optimizer's and the scaler's.
+`TrainState`, fresh or resumed); `train` then loops (`run_updates`) over `one_update`,
+`log_progress`, `validate_and_save` and `should_stop` until the run's budget is spent, and
+`finish` logs the updates since the last record and validates the last step. Beside the loop:
+the learning rate of each update (`schedule.py`), validation (`validation.py`), Ctrl-C and
+SIGTERM taken between updates (`signals.py`). `TrainState` (in `state.py`) is the record of
+where training stands: its `state_dict()` is what a checkpoint's training state holds, beside
+the optimizer's and the scaler's.
 
 Under `torchrun` the same loop runs in every process (see `distributed.py`): the batches of
 each update are dealt out to the processes, gradients are summed across them (DDP), and
@@ -19,13 +22,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,84 +34,22 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from seq2seq_cli.config import Config, TrainConfig
-from seq2seq_cli.data.batching import Batch, BatchPlan, collate, epoch_batches, token_batches
+from seq2seq_cli.config import Config
+from seq2seq_cli.data.batching import Batch, BatchPlan, collate, epoch_batches
 from seq2seq_cli.data.corpora import drawn_per_corpus
-from seq2seq_cli.data.encoding import EncodedCorpus
-from seq2seq_cli.device import resolve_precision
+from seq2seq_cli.device import limit_kernel_caches
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.model.transformer import Seq2SeqTransformer
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import update_average
-from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.loss import batch_loss
 from seq2seq_cli.train.metrics import plot_curves, read_metrics
+from seq2seq_cli.train.schedule import update_lr
 from seq2seq_cli.train.setup import Run, setup_run
+from seq2seq_cli.train.signals import StopRequest, stop_on_signals
 from seq2seq_cli.train.state import TrainState, new_window, rng_state
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 or fp16 autocast as the (resolved) precision says; plain fp32 otherwise."""
-    precision = resolve_precision(precision, device)
-    if precision == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def inverse_sqrt_lr(step: int, lr: float, warmup: int, init_lr: float) -> float:
-    """Linear warmup from init_lr to lr over `warmup` steps, then lr * sqrt(warmup / step)."""
-    if warmup and step < warmup:
-        return init_lr + (lr - init_lr) * step / warmup
-    return lr * math.sqrt(max(warmup, 1) / max(step, 1))
-
-
-def learning_rate(step: int, t: TrainConfig, used: float = 0.0, decay_from: float | None = None) -> float:
-    """The learning rate of update `step` (1-based): linear warmup, then the configured schedule.
-    `cosine` and `linear` decay to min_lr where the run ends: `used` is the share of its budget
-    spent (`budget_used`), `decay_from` the share spent when warmup ended."""
-    if t.schedule == "inverse_sqrt" or (t.warmup_steps and step < t.warmup_steps):
-        return inverse_sqrt_lr(step, t.lr, t.warmup_steps, t.warmup_init_lr)
-    if t.schedule == "constant":
-        return t.lr
-    start = 0.0 if decay_from is None else decay_from
-    progress = min(1.0, max(0.0, (used - start) / (1.0 - start))) if start < 1.0 else 1.0
-    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1.0 - progress
-    return t.min_lr + (t.lr - t.min_lr) * shape
-
-
-def budget_used(t: TrainConfig, step: int, epochs: float, minutes: float) -> float:
-    """The share of the run's budget spent after `step` updates, `epochs` epochs (fractional)
-    and `minutes` of training: of max_steps, max_epochs and max_minutes, whichever runs out
-    first (the budget that stops the run)."""
-    shares = [0.0]
-    if t.max_steps is not None:
-        shares.append(step / t.max_steps)
-    if t.max_epochs is not None:
-        shares.append(epochs / t.max_epochs)
-    if t.max_minutes is not None:
-        shares.append(minutes / t.max_minutes)
-    return min(1.0, max(shares))
-
-
-def update_lr(t: TrainConfig, state: TrainState, batches: BatchPlan) -> float:
-    """The learning rate of the next update, `state.step + 1`; records in `state` the share of
-    the budget spent when warmup ends, where the decay of `cosine` and `linear` starts. The
-    clock is rank 0's reading from `should_stop`, so every process takes the same rate."""
-    step = state.step + 1
-    if t.schedule in ("inverse_sqrt", "constant"):
-        return learning_rate(step, t)
-    used = budget_used(t, step, state.epoch + state.batch_in_epoch / max(len(batches), 1), state.minutes)
-    if state.decay_from is None and step >= t.warmup_steps:
-        if t.warmup_steps == 0:
-            state.decay_from = 0.0
-        elif step == t.warmup_steps:
-            state.decay_from = used
-        else:  # resumed from a checkpoint that did not record it: where a steps budget puts it
-            state.decay_from = t.warmup_steps / t.max_steps if t.max_steps else 0.0
-    return learning_rate(step, t, used, state.decay_from)
+from seq2seq_cli.train.validation import validation_record
 
 
 def my_batches(update: list[np.ndarray], procs: Processes) -> tuple[list[np.ndarray], bool]:
@@ -127,17 +66,6 @@ def wrapped_ddp(model: nn.Module) -> DDP | None:
     it as `_orig_mod`) or not; None without DDP."""
     inner = getattr(model, "_orig_mod", model)
     return inner if isinstance(inner, DDP) else None
-
-
-def batch_loss(model: nn.Module, b: Batch, config: Config, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """(smoothed loss sum, nll sum, target tokens) of one batch. The output layer and the loss
-    see the positions that have a target only (7% of a quick-start batch is padding), taken
-    by the batch's index of them (`Batch.tgt_rows`), which needs no host sync on a GPU."""
-    rows = b.tgt_rows
-    with autocast(device, config.train.precision):
-        logits = model(b.src, b.tgt_in) if rows is None else model(b.src, b.tgt_in, rows)
-    target = b.tgt_out if rows is None else b.tgt_out.reshape(-1).index_select(0, rows)
-    return label_smoothed_nll(logits, target, config.train.label_smoothing)
 
 
 @dataclass
@@ -185,78 +113,6 @@ def accumulate_gradients(
         nll_sum += nll.detach() * weight
     losses = distributed.sum_across(procs, torch.stack([loss_sum, nll_sum]).float())
     return UpdateSums(losses, int(total), int(all_src))
-
-
-def validation_bleu(
-    model: Seq2SeqTransformer, src_sp: Any, tgt_sp: Any, valid_raw: Any, config: Config, device: torch.device
-) -> tuple[float, str]:
-    """Greedy translation of the validation sources scored with sacreBLEU -> (BLEU, signature)."""
-    from seq2seq_cli.decode.evaluate import score
-    from seq2seq_cli.decode.onednn import for_decoding
-    from seq2seq_cli.decode.translate import Translator
-
-    decode = config.decode.model_copy(update={"beam_size": 1, "sampling": False})
-    model.eval()
-    # weights are fixed during validation: pack them for decoding once, not once per batch
-    hyps = Translator(for_decoding(model), src_sp, tgt_sp, decode, device).translate(list(valid_raw["src"]))
-    model.train()
-    scores = score(hyps, list(valid_raw["tgt"]))
-    return scores.bleu, scores.bleu_signature
-
-
-@torch.no_grad()
-def validate(
-    model: Seq2SeqTransformer, corpus: EncodedCorpus, config: Config, device: torch.device, procs: Processes | None = None
-) -> dict[str, float]:
-    """Validation loss, nll and perplexity; each process scores every world-th batch and the
-    sums are added up across processes (one process when `procs` is None)."""
-    procs = procs or Processes()
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, tokens
-    batches = token_batches(corpus.src_lens, corpus.tgt_lens, config.train.max_tokens)
-    for index in batches[procs.rank :: procs.world]:
-        b = collate(corpus, index).to(device)
-        sums += torch.stack(batch_loss(model, b, config, device)).double()
-    loss_sum, nll_sum, tokens = distributed.sum_across(procs, sums).tolist()
-    model.train()
-    nll_tok = nll_sum / max(tokens, 1)
-    return {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll_tok, "valid_ppl": math.exp(min(nll_tok, 50))}
-
-
-class StopRequest:
-    """Set by SIGINT (Ctrl-C) or SIGTERM while the loop runs; the loop looks at it between
-    updates, once an update, its validation and its saves are complete, so the `last` it then
-    saves resumes exactly. A second signal interrupts at once (KeyboardInterrupt)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[StopRequest]:
-    """SIGINT and SIGTERM set the yielded `StopRequest` instead of interrupting (in the main
-    thread; elsewhere signals keep their handlers and the request is never set)."""
-    stop = StopRequest()
-    previous: dict[signal.Signals, Any] = {}
-    try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, stop)
-    except ValueError:  # not the main thread
-        pass
-    try:
-        yield stop
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 class Outcome(enum.Enum):
@@ -370,9 +226,11 @@ def stop_nonfinite(run: Run, state: TrainState, in_a_row: int) -> None:
     )
 
 
-def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False) -> None:
+def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False, final: bool = False) -> None:
     """Write the training record of the logging window that ends at this step; start the next.
-    `plain`: also log it as one line (stderr is not a terminal, so there is no bar to show it)."""
+    `plain`: also log it as one line (stderr is not a terminal, so there is no bar to show it).
+    `final`: the record of the updates since the last log_every step where the run ends (see
+    `finish`), marked so."""
     settle(run, state)
     now = time.time()
     window, lr = state.window, state.lr
@@ -386,6 +244,7 @@ def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False) ->
         "tokens_per_s": tps,
         "elapsed_s": state.elapsed + now - state.started,
         **state.counters,
+        **({"final": True} if final else {}),
     }
     if run.metrics is not None:
         run.metrics.write(record)
@@ -414,22 +273,8 @@ def save(run: Run, state: TrainState, improved: bool) -> None:
 def validate_and_save(run: Run, state: TrainState) -> None:
     """Validation loss (and BLEU), the metrics record, the patience counter, a checkpoint
     (`best` too when the score improved) and the curves."""
-    t, procs = run.config.train, run.procs
-    record: dict[str, Any] = {"step": state.step, "epoch": state.epoch + 1, "elapsed_s": state.seconds()}
-    improved = False
-    if run.data.valid is not None:
-        record.update(validate(run.scored, run.data.valid, run.config, run.device, procs))
-        text = (f"step {state.step}: valid loss {record['valid_loss']:.3f}, nll {record['valid_nll']:.3f}, "
-                f"ppl {record['valid_ppl']:.2f}")
-        if t.valid_bleu:
-            d = run.data
-            bleu = validation_bleu(run.scored, d.src_sp, d.tgt_sp, d.valid_raw, run.config, run.device) if procs.main else None
-            record["valid_bleu"], record["valid_bleu_signature"] = distributed.from_main(procs, bleu)
-            text += f", BLEU {record['valid_bleu']:.2f} ({record['valid_bleu_signature']})"
-        score = record["valid_bleu"] if t.best_metric == "bleu" else -record["valid_nll"]
-        improved, state.since_best = score > state.best, 0 if score > state.best else state.since_best + 1
-        state.best = max(state.best, score)
-        run.log(text)
+    t = run.config.train
+    record, improved = validation_record(run, state)
     if run.metrics is not None:
         run.metrics.write(record)
     save(run, state, improved)
@@ -482,6 +327,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
     directory or checkpoint) starts from its weights instead of random ones: fine-tuning.
 
     Under torchrun every process calls this; see the module docstring."""
+    limit_kernel_caches()
     procs, device = distributed.start(config.train.device)
     finished = False
     try:
@@ -494,33 +340,10 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         plain = progress and procs.main and not sys.stderr.isatty()
         bar = tqdm(total=t.max_steps, initial=state.step, disable=not progress or not procs.main or plain, unit="step",
                    dynamic_ncols=True, file=sys.stderr)
-        batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
         try:
             with stop_on_signals() as stop:
-                while not should_stop(run, state):
-                    if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
-                        if state.batch_in_epoch == 0:
-                            report_epoch(run, state, batches)
-                        outcome = one_update(run, state, batches)
-                        if outcome is Outcome.NONFINITE:
-                            report_nonfinite(run, state)
-                        elif outcome is Outcome.APPLIED:
-                            bar.update(1)
-                            if state.step % t.log_every == 0:
-                                log_progress(run, state, bar, plain)
-                            if state.step % t.valid_every == 0:
-                                validate_and_save(run, state)
-                    if state.batch_in_epoch >= len(batches):
-                        batches = next_epoch(run, state)
-                    if distributed.from_main(procs, stop.requested):  # rank 0's signal stops every process
-                        bar.close()
-                        save(run, state, improved=False)
-                        run.log(f"interrupted at step {state.step}; saved {run.layout.last}. "
-                                f"Resume with: seq2seq train --config {run.layout.config} --resume")
-                        raise KeyboardInterrupt
-                if (state.validated_at != state.step
-                        or not distributed.from_main(procs, run.layout.last.is_file())):
-                    validate_and_save(run, state)
+                run_updates(run, state, bar, plain, stop)
+                finish(run, state, bar, plain)
         finally:
             bar.close()
             if run.metrics is not None:
@@ -531,3 +354,44 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         return config.run_path
     finally:
         distributed.stop(procs, wait=finished)
+
+
+def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopRequest) -> None:
+    """Update after update, epoch after epoch, logging every log_every updates and validating
+    every valid_every, until `should_stop`; a signal saves `last` and raises KeyboardInterrupt."""
+    t, procs = run.config.train, run.procs
+    batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
+    while not should_stop(run, state):
+        if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
+            if state.batch_in_epoch == 0:
+                report_epoch(run, state, batches)
+            outcome = one_update(run, state, batches)
+            if outcome is Outcome.NONFINITE:
+                report_nonfinite(run, state)
+            elif outcome is Outcome.APPLIED:
+                bar.update(1)
+                if state.step % t.log_every == 0:
+                    log_progress(run, state, bar, plain)
+                if state.step % t.valid_every == 0:
+                    validate_and_save(run, state)
+        if state.batch_in_epoch >= len(batches):
+            batches = next_epoch(run, state)
+        if distributed.from_main(procs, stop.requested):  # rank 0's signal stops every process
+            bar.close()
+            save(run, state, improved=False)
+            run.log(f"interrupted at step {state.step}; saved {run.layout.last}. "
+                    f"Resume with: seq2seq train --config {run.layout.config} --resume")
+            raise KeyboardInterrupt
+
+
+def finish(run: Run, state: TrainState, bar: tqdm, plain: bool) -> None:
+    """The end of a run: a last validation and checkpoint unless this step has them, then the
+    record of the updates since the last one logged, so that the last update is always logged.
+    That record is marked `final`; the checkpoint keeps its sums, so that a run resumed from
+    it replaces the record (`metrics.truncate_metrics`) by the one its next log_every step
+    writes, as a run never stopped would."""
+    if state.validated_at != state.step or not distributed.from_main(run.procs, run.layout.last.is_file()):
+        validate_and_save(run, state)
+    settle(run, state)
+    if state.window["tokens"]:
+        log_progress(run, state, bar, plain, final=True)

@@ -91,11 +91,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step` (a resumed run recomputes them). A line that is not a record
-    is kept as it is (ended by a newline, so records appended after a torn line stay whole)."""
+    """Drop records after `step` (a resumed run recomputes them), and the `final` training
+    record at `step`: the record a run writes of its updates since the last log_every step
+    where it ends, whose sums the checkpoint kept for the run resumed from it to go on with.
+    A line that is not a record is kept as it is (ended by a newline, so records appended
+    after a torn line stay whole)."""
     if path.is_file():
-        keep = [line for _, line, record in metrics_lines(path) if record is None or record.get("step", 0) <= step]
+        keep = [line for _, line, record in metrics_lines(path) if record is None or kept(record, step)]
         atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def kept(record: dict[str, Any], step: int) -> bool:
+    """Whether a run resumed at `step` keeps this record of metrics.jsonl."""
+    at = record.get("step", 0)
+    return at < step or (at == step and not record.get("final"))
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:

@@ -13,7 +13,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 def test_training_precision_auto_is_bf16_only_where_the_cpu_has_bf16(monkeypatch):
-    from seq2seq_cli.train.loop import autocast
+    from seq2seq_cli.device import autocast
 
     monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)
     assert policy.resolve_precision("auto", CPU) == "fp32"

@@ -7,8 +7,8 @@ from seq2seq_cli.data.batching import pad_batch
 from seq2seq_cli.decode.search import beam_search, greedy_search
 from seq2seq_cli.ids import BOS, EOS
 from seq2seq_cli.model.transformer import build_model
-from seq2seq_cli.train.loop import inverse_sqrt_lr
 from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.schedule import inverse_sqrt_lr
 
 SYMBOLS = list(range(4, 14))
 

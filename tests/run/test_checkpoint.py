@@ -18,6 +18,7 @@ from seq2seq_cli.config_load import load_config
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import loop as train_module
+from seq2seq_cli.train import loss as loss_module
 from seq2seq_cli.train.loop import train
 
 runner = CliRunner()
@@ -124,7 +125,7 @@ def test_checkpoint_of_another_architecture_is_refused_with_the_mismatch(tmp_pat
 
 
 def test_nonfinite_losses_are_skipped_then_stop_training(tmp_path, monkeypatch):
-    real = train_module.label_smoothed_nll
+    real = loss_module.label_smoothed_nll
     calls = {"n": 0}
 
     def flaky(logits, target, eps, bad=frozenset({3, 4})):
@@ -132,7 +133,7 @@ def test_nonfinite_losses_are_skipped_then_stop_training(tmp_path, monkeypatch):
         loss, nll, n = real(logits, target, eps)
         return (loss * float("nan"), nll, n) if calls["n"] in bad else (loss, nll, n)
 
-    monkeypatch.setattr(train_module, "label_smoothed_nll", flaky)
+    monkeypatch.setattr(loss_module, "label_smoothed_nll", flaky)
     messages = []
     run = train(load_config(make_config(tmp_path, "run")), progress=False, log=messages.append)
     assert sum("non-finite loss" in m for m in messages) == 2
@@ -140,7 +141,7 @@ def test_nonfinite_losses_are_skipped_then_stop_training(tmp_path, monkeypatch):
     assert last["step"] == 30 and last["skipped_nonfinite"] == 2
 
     calls["n"] = 0
-    monkeypatch.setattr(train_module, "label_smoothed_nll", lambda *a, **k: flaky(*a, **k, bad=frozenset(range(12, 99))))
+    monkeypatch.setattr(loss_module, "label_smoothed_nll", lambda *a, **k: flaky(*a, **k, bad=frozenset(range(12, 99))))
     cfg = make_config(tmp_path, "stop", max_nonfinite=4)
     # every loss from the 12th on (validation's included) fails; the host reads the updates' tally
     # every 3 updates (log_every) and at each save: it stops at the first reading with 4 in a row

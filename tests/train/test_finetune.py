@@ -26,6 +26,7 @@ from seq2seq_cli.ids import BOS, EOS, PAD
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import loop as train_module
 from seq2seq_cli.train.loop import train
+from seq2seq_cli.train.schedule import learning_rate
 
 runner = CliRunner()
 
@@ -65,7 +66,7 @@ def test_first_forward_sees_the_init_weights_and_the_step_count_restarts(base, t
     assert all(torch.equal(seen[0][k], init[k]) for k in init)
     assert [r["step"] for r in train_records(run)] == [1, 2, 3, 4]  # from step 0, not from the init's 10
     first_lr = train_records(run)[0]["lr"]
-    assert first_lr == pytest.approx(train_module.learning_rate(1, load_config(run / "config.yaml").train))
+    assert first_lr == pytest.approx(learning_rate(1, load_config(run / "config.yaml").train))
     assert json.loads((run / "checkpoints" / "last.json").read_text())["step"] == 4
     assert not torch.equal(weights(run)["src_embed.tokens.weight"], init["src_embed.tokens.weight"])
 

@@ -19,6 +19,8 @@ from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import loop as train_module
+from seq2seq_cli.train import loss as loss_module
+from seq2seq_cli.train import validation
 
 runner = CliRunner()
 SETTINGS = {"max_steps": 16}
@@ -77,8 +79,8 @@ def interrupted_then_resumed(cfg: Path, monkeypatch, messages: list[str]) -> Pat
 # where the signal lands: in the middle of an update's forward pass, in a validation, while the
 # checkpoint of a validation is written, while `best` is pointed at a new best
 POINTS = {
-    "update": (train_module, "label_smoothed_nll", 10, signal.SIGINT, lambda *a, **k: True),
-    "validation": (train_module, "validate", 2, signal.SIGTERM, lambda *a, **k: True),
+    "update": (loss_module, "label_smoothed_nll", 10, signal.SIGINT, lambda *a, **k: True),
+    "validation": (validation, "validate", 2, signal.SIGTERM, lambda *a, **k: True),
     "checkpoint": (ckpt, "save_weights", 1, signal.SIGTERM, lambda *a, **k: True),
     "best": (ckpt, "_link_set", 1, signal.SIGINT, lambda ckpt_dir, src, dst, roles: dst == "best" and src != "step-00000007"),
 }
@@ -105,7 +107,7 @@ def test_the_handlers_are_restored_after_training(tmp_path):
 
 def test_ctrl_c_exits_130_with_one_line(tmp_path, monkeypatch):
     cfg = make_config(tmp_path, "run", **SETTINGS)
-    signal_on_call(monkeypatch, train_module, "validate", 1, signal.SIGINT)
+    signal_on_call(monkeypatch, validation, "validate", 1, signal.SIGINT)
     r = runner.invoke(app, ["train", "-c", str(cfg), "--no-progress"])
     assert r.exit_code == 130
     run = tmp_path / "run"

@@ -21,8 +21,9 @@ from seq2seq_cli.data.formats import read_parallel
 from seq2seq_cli.data.tokenizer import load_tokenizers
 from seq2seq_cli.model.transformer import build_model
 from seq2seq_cli.run import checkpoint as ckpt
-from seq2seq_cli.train.loop import learning_rate, train
+from seq2seq_cli.train.loop import train
 from seq2seq_cli.train.loss import label_smoothed_nll
+from seq2seq_cli.train.schedule import learning_rate
 from seq2seq_cli.train.setup import make_optimizer
 from seq2seq_cli.train.state import TrainState, rng_state, set_rng_state
 

@@ -100,15 +100,15 @@ def test_checkpoints_and_other_run_files_take_the_umask(tmp_path):
 
 
 def test_nonfinite_stop_before_any_checkpoint_does_not_name_one(tmp_path, monkeypatch):
-    from seq2seq_cli.train import loop as train_module
+    from seq2seq_cli.train import loss as loss_module
 
-    real = train_module.label_smoothed_nll
+    real = loss_module.label_smoothed_nll
 
     def nan_loss(logits, target, eps):
         loss, nll, n = real(logits, target, eps)
         return loss * float("nan"), nll, n
 
-    monkeypatch.setattr(train_module, "label_smoothed_nll", nan_loss)
+    monkeypatch.setattr(loss_module, "label_smoothed_nll", nan_loss)
     r = runner.invoke(app, ["train", "-c", str(make_config(tmp_path, "run", max_nonfinite=2)), "--no-progress"])
     assert r.exit_code == 1
     # the host reads the updates' tally every log_every (3) updates: 3 skipped in a row by then

@@ -11,7 +11,7 @@ from helpers import make_config, quiet
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import TrainConfig
 from seq2seq_cli.run import checkpoint as ckpt
-from seq2seq_cli.train.loop import update_lr
+from seq2seq_cli.train.schedule import update_lr
 from seq2seq_cli.train.state import TrainState
 
 runner = CliRunner()
