@@ -31,9 +31,9 @@ import logging
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seq2seq_cli.model.step import Activated, Linear, Projection, fuse
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 logger = logging.getLogger(__name__)
@@ -44,13 +44,11 @@ def _reorder(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
-def _linear(x: Tensor, packed: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
-    """x (N, in) -> activation(x W^T + b) (N, out); activation "none" or "relu" (fused by oneDNN)."""
-    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, activation, [], "")
+def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 ROW_BLOCK = 16  # rows of a decoding matmul are padded to a multiple of this
-UNPADDED = frozenset([1, 2, 4, 8, *range(ROW_BLOCK, 64 * ROW_BLOCK + 1, ROW_BLOCK)])  # row counts `padded_rows` keeps
 
 
 def padded_rows(x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
@@ -62,35 +60,25 @@ def padded_rows(x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
     outgrow the multiplications on small models. Padded, each layer sees a few dozen. Fewer rows
     than half a block go up to a power of two (1, 2, 4, 8) instead: a lone sentence's beams
     (4 rows) padded to 16 made every matmul of a step 2 to 3 times as long."""
-    flat = x.dim() == 2
-    rows = x if flat else x.reshape(-1, x.size(-1))  # (N, in)
+    rows = x.reshape(-1, x.size(-1))  # (N, in)
     n = rows.size(0)
     pad = -n % ROW_BLOCK if n > ROW_BLOCK // 2 or n == 0 else (1 << (n - 1).bit_length()) - n
-    if not pad:  # the common case of a decoding step: no copy, no slice
-        out = fn(rows)
-        return out if flat else out.view(*x.shape[:-1], -1)
-    rows = torch.cat([rows, rows.new_zeros(pad, rows.size(1))])
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, rows.size(1))])
     return fn(rows)[:n].view(*x.shape[:-1], -1)
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T + b with W kept in oneDNN's blocked layout, with ReLU fused when `activation`
-    is "relu". x: (..., in) -> (..., out)."""
+    """y = x W^T + b with W kept in oneDNN's blocked layout. x: (..., in) -> (..., out)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, activation: str = "none") -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.packed = _reorder(weight.detach())  # opaque (out, in)
         self.weight = weight.detach()  # the plain weight, shared (a shortlist's rows are taken from it)
         self.bias = None if bias is None else bias.detach()
-        self.activation = activation
-
-    def _rows(self, rows: Tensor) -> Tensor:
-        return _linear(rows, self.packed, self.bias, self.activation)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 2 and x.size(0) in UNPADDED:  # a decoding step's rows as they are
-            return _linear(x, self.packed, self.bias, self.activation)
-        return padded_rows(x, self._rows)
+        return padded_rows(x, lambda rows: _linear(rows, self.packed, self.bias))
 
 
 class Int8Linear(nn.Module):
@@ -166,26 +154,13 @@ def for_decoding(model: Seq2SeqTransformer, quantize: str = "none") -> Seq2SeqTr
     return for_decoding(model) if quantize != "none" else model
 
 
-def _agrees(layer: Projection, weight: Tensor, bias: Tensor | None, x: Tensor, quantize: str,
-            activation: str = "none") -> bool:
-    """Does `layer` reproduce activation(F.linear(x, weight, bias)): to float32 rounding, or in
-    int8 to within 3% (relative error of the whole output)?"""
-    want, got = Linear(weight, bias, activation).forward(x), layer.forward(x)
+def _agrees(layer: nn.Module, weight: Tensor, bias: Tensor | None, x: Tensor, quantize: str) -> bool:
+    """Does `layer` reproduce F.linear(x, weight, bias): to float32 rounding, or in int8 to
+    within 3% (relative error of the whole output)?"""
+    want, got = F.linear(x, weight, bias), layer(x)
     if quantize == "none":
         return torch.allclose(got, want, atol=1e-5, rtol=1e-4)
     return bool((got - want).norm() <= 0.03 * want.norm())
-
-
-def _step_projection(weight: Tensor, bias: Tensor | None, activation: str, quantize: str) -> Projection:
-    """A projection of the fused decoding step (`seq2seq_cli/model/step.py`): packed, ReLU fused
-    by oneDNN; in int8 or with another activation, the activation after it."""
-    if quantize == "int8":
-        inner: Projection = Int8Linear(weight, bias)
-    elif activation in ("none", "relu"):
-        return PackedLinear(weight, bias, activation)
-    else:
-        inner = PackedLinear(weight, bias)
-    return inner if activation == "none" else Activated(inner, activation)
 
 
 def _packed_copy(model: Seq2SeqTransformer, quantize: str) -> tuple[Seq2SeqTransformer | None, str]:
@@ -212,17 +187,6 @@ def _packed_copy(model: Seq2SeqTransformer, quantize: str) -> tuple[Seq2SeqTrans
                 x = torch.randn(2, weight.size(1), generator=probe)
                 if not _agrees(layer, weight, bias, x, quantize):
                     return None, f"the packed layer {name} does not reproduce F.linear"
-            made: list[tuple[Projection, Tensor, Tensor | None, str]] = []
-
-            def make_step(weight: Tensor, bias: Tensor | None, activation: str) -> Projection:
-                made.append((_step_projection(weight, bias, activation, quantize), weight, bias, activation))
-                return made[-1][0]
-
-            fast.step_weights = fuse(model, make_step)
-            for i, (projection, weight, bias, activation) in enumerate(made):
-                x = torch.randn(2, weight.size(1), generator=probe)
-                if not _agrees(projection, weight, bias, x, quantize, activation):
-                    return None, f"the packed projection {i} of the decoding step does not reproduce F.linear"
     except RuntimeError as exc:  # an operator missing or changed in this PyTorch build
         return None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     fast.packed_for_decoding = True  # type: ignore[assignment]

@@ -14,10 +14,8 @@ which EOS is forced; with min_len, EOS is banned before that many tokens.
 The searches decode with the model they are given, or an `Ensemble` of models (see
 `seq2seq_cli/decode/ensemble.py`: each member decodes with its own cache, their
 distributions are averaged at each step): the callers pack it for oneDNN once
-(`seq2seq_cli/decode/onednn.py`). A model in eval mode decodes each step by its fused step
-(`seq2seq_cli/model/step.py`), whose self-attention cache is allocated once per search for the
-source length and grows only for outputs longer than that; a model in training mode decodes
-through its layers.
+(`seq2seq_cli/decode/onednn.py`); the decoder's self-attention cache is allocated once per search for
+the source length, and grows only for outputs longer than that.
 
 Forced prefixes: a sentence may be given target tokens its output must start with (`prefixes`
 of `search`). For the first len(prefix) steps its rows take the prefix's tokens, with the
@@ -32,12 +30,9 @@ tokens, log-probabilities and lengths) are written into buffers on the device
 next looks (`look_every`): every step on a CPU, where looking costs nothing and finished
 sentences leave the batch at once, every `LOOK_EVERY` steps on a GPU, where each look waits
 for the device. A look reads which sentences are done, then the finished hypotheses of
-those, and drops them from the batch. Where the host looks every step (a CPU), beam search
-also reads whether any candidate ends at this step, and records ended hypotheses only when
-one does (at few steps). The limits too are the host's to skip: before the shortest output
-limit of a batch (read once, with the longest), no row is at its limit and the step applies
-none. Options that need the host at every step: sampling (each row draws from its own
-generator) and no_repeat_ngram_size (the n-grams are matched on the host).
+those, and drops them from the batch. Options that need the host at every step: sampling
+(each row draws from its own generator) and no_repeat_ngram_size (the n-grams are matched
+on the host).
 
 Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
 `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
@@ -47,7 +42,6 @@ Scores: `log_prob` is the sum of the model's token log-probabilities, EOS includ
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,13 +114,12 @@ def forced_tokens(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor
 
 
 def step_log_probs(
-    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor | None,
+    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor,
     history: Tensor, opts: DecodeConfig, forced: Tensor | None = None,
 ) -> Tensor:
     """One decoder step with every constraint applied.
 
-    last: (N, 1) newest tokens, limits: (N,) output limits (None: no row is at its limit at
-    this step, known on the host), history: (N, t) output so far,
+    last: (N, 1) newest tokens, limits: (N,) output limits, history: (N, t) output so far,
     forced: (N,) a prefix token each row must take (-1: none) or None
     -> log-probabilities (N, V): PAD and the decoder start token (and UNK with ban_unk) banned, EOS banned before
     min_len, n-gram repeats banned, EOS forced at the limit; a forced row keeps only its token.
@@ -170,44 +163,34 @@ def _as_one(state: State) -> DecoderState:
 
 
 def constrain(
-    lprobs: Tensor, step: int, limits: Tensor | None, history: Tensor, opts: DecodeConfig, start_id: int,
+    lprobs: Tensor, step: int, limits: Tensor, history: Tensor, opts: DecodeConfig, start_id: int,
     forced: Tensor | None = None,
 ) -> Tensor:
     """The bans and forced tokens of `step_log_probs`, applied in place to log-probabilities (N, V),
-    by masks over every row (no host sync: nothing depends on which rows they hit); `limits`
-    None: no row is at its output limit."""
+    by masks over every row (no host sync: nothing depends on which rows they hit)."""
     if forced is not None:
         is_forced = (forced >= 0)[:, None]  # (N, 1)
         tokens = forced.clamp(min=0)[:, None]  # (N, 1)
         # the model's own log-probability of the forced token, kept finite so the row stays alive
         kept = lprobs.gather(1, tokens).clamp(min=torch.finfo(lprobs.dtype).min)  # (N, 1)
-    eos = None if limits is None else lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
-    banned = [PAD, start_id] + [UNK] * opts.ban_unk + [EOS] * (step < opts.min_len)
-    lprobs.index_fill_(1, _index(tuple(banned), lprobs.device), NEG_INF)
+    eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
+    lprobs[:, PAD] = NEG_INF
+    lprobs[:, start_id] = NEG_INF
+    if opts.ban_unk:
+        lprobs[:, UNK] = NEG_INF
+    if step < opts.min_len:
+        lprobs[:, EOS] = NEG_INF
     if opts.no_repeat_ngram_size:
         for row, toks in enumerate(banned_ngram_tokens(history.tolist(), opts.no_repeat_ngram_size)):
             if toks:
                 lprobs[row, toks] = NEG_INF
-    if limits is not None and eos is not None:
-        force = (step >= limits)[:, None]  # (N, 1): at the limit only EOS remains, with its own log-probability
-        lprobs.masked_fill_(force, NEG_INF)
-        lprobs[:, EOS] = torch.where(force[:, 0], eos, lprobs[:, EOS])
+    force = (step >= limits)[:, None]  # (N, 1): at the limit only EOS remains, with its own log-probability
+    lprobs.masked_fill_(force, NEG_INF)
+    lprobs[:, EOS] = torch.where(force[:, 0], eos, lprobs[:, EOS])
     if forced is not None:
         lprobs.masked_fill_(is_forced, NEG_INF)
         lprobs.scatter_(1, tokens, torch.where(is_forced, kept, lprobs.gather(1, tokens)))
     return lprobs
-
-
-@functools.lru_cache(maxsize=256)
-def _first_rows(b: int, k: int, device: torch.device) -> Tensor:
-    """(b, 1): the first decoder row of each of b sentences of k rows each, made once (never written to)."""
-    return torch.arange(0, b * k, k, device=device)[:, None]
-
-
-@functools.lru_cache(maxsize=64)
-def _index(ids: tuple[int, ...], device: torch.device) -> Tensor:
-    """The token ids `ids` as an index tensor on `device`, made once (never written to)."""
-    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def _filter_for_sampling(lprobs: Tensor, opts: DecodeConfig) -> Tensor:
@@ -263,16 +246,7 @@ def look(alive: Tensor, step: int, every: int, room: int) -> tuple[list[int], li
 
 def output_room(limits: Tensor) -> int:
     """The most output tokens any sentence may get (one read of the device per batch)."""
-    return output_bounds(limits)[1]
-
-
-def output_bounds(limits: Tensor) -> tuple[int, int]:
-    """(the fewest, the most) output tokens any sentence may get (one read of the device per
-    batch): before the fewest, no row is at its limit (`constrain` skips the limits)."""
-    if not limits.numel():
-        return 0, 0
-    least, most = torch.stack(limits.aminmax()).tolist()
-    return int(least), int(most)
+    return int(limits.max()) if limits.numel() else 0
 
 
 @torch.inference_mode()
@@ -287,7 +261,7 @@ def greedy_search(
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     B, device = src.size(0), src.device
     every = every or look_every(device)
-    least, room = output_bounds(limits)
+    room = output_room(limits)
     state = start_state(model, src, B, room)
     active = torch.arange(B, device=device)  # original row of each decoder row
     rows_of = list(range(B))  # the same, on the host
@@ -301,7 +275,7 @@ def greedy_search(
     step = 0
     while rows_of:
         forced = forced_tokens(prefix, active, step)
-        lprobs = step_log_probs(model, last, state, step, limits[active] if step >= least else None, history, opts, forced)
+        lprobs = step_log_probs(model, last, state, step, limits[active], history, opts, forced)
         if opts.sampling:
             if generators is None:
                 raise ValueError("sampling needs one generator per row")
@@ -333,16 +307,16 @@ def greedy_search(
 
 
 def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, rows: int, room: int) -> DecoderState:
-    """The decoder state for a search over `rows` decoder rows at most, decoded by the fused
-    step (`Seq2SeqTransformer.step_state`; a model in training mode, or another decoder,
-    through its layers), its self-attention cache allocated for as many positions as the
-    longest source has (`memory`: (B, S, D)), or the longest output allowed (`room` tokens)
-    plus EOS if that is fewer. Most outputs end within that; a longer one grows the buffers
-    once it gets there, sized for the rows still decoding then, which is far less than
-    allocating every row for the limit."""
-    if not isinstance(model, Seq2SeqTransformer) or model.training:
-        return model.init_state(memory, src_mask)
-    return model.step_state(memory, src_mask, rows, min(room + 1, memory.size(1)))
+    """The decoder state for a search over `rows` decoder rows at most, its self-attention
+    cache allocated for as many positions as the longest source has (`memory`: (B, S, D)),
+    or the longest output allowed (`room` tokens) plus EOS if that is fewer. Most outputs
+    end within that; a longer one grows the buffers once it gets there, sized for the rows
+    still decoding then, which is far less than allocating every row for the limit."""
+    state = model.init_state(memory, src_mask)
+    cfg = model.cfg
+    positions = min(room + 1, memory.size(1))
+    state.preallocate(rows, positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
+    return state
 
 
 @dataclass
@@ -413,7 +387,7 @@ def beam_search(
     B, device = src.size(0), src.device
     every = every or look_every(device)
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
-    least, room = output_bounds(limits)
+    room = output_room(limits)
     state = start_state(model, src, B * K, room)
     active = torch.arange(B, device=device)  # original sentence of each beam group
     sentences = list(range(B))  # the same, on the host
@@ -426,9 +400,8 @@ def beam_search(
     step = 0
     while sentences:
         b, k = scores.shape
-        at_limit = step >= least  # some sentence may be at its output limit (else none is)
-        sentence_limits = limits[active] if at_limit else None  # (b,)
-        row_limits = sentence_limits.repeat_interleave(k) if sentence_limits is not None else None  # (b*k,)
+        sentence_limits = limits[active]  # (b,)
+        row_limits = sentence_limits.repeat_interleave(k)  # (b*k,)
         forced = forced_tokens(prefix, active.repeat_interleave(k), step) if prefix is not None else None
         lprobs = step_log_probs(model, last, state, step, row_limits, history, opts, forced)  # (b*k, V)
         V = lprobs.size(-1)
@@ -436,27 +409,19 @@ def beam_search(
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == EOS
-        # Where the host looks every step (a CPU), it first looks whether any candidate ends here:
-        # most steps none does, and recording the ended ones is skipped.
-        ends = every > 1 or bool(is_eos[:, :K].any())
-        if ends:
-            first = top_scores[:, :K]  # (b, J) the candidates ranked within the top K, J <= K
-            ended = is_eos[:, :K] & first.isfinite() & alive[:, None]  # (b, J)
-            ended_tokens = history.view(b, k, step).gather(1, top_beam[:, :K, None].expand(b, first.size(1), step))  # (b, J, t)
-            finished.add(ended, first, ended_tokens, step)
+        first = top_scores[:, :K]  # (b, J) the candidates ranked within the top K, J <= K
+        ended = is_eos[:, :K] & first.isfinite() & alive[:, None]  # (b, J)
+        ended_tokens = history.view(b, k, step).gather(1, top_beam[:, :K, None].expand(b, first.size(1), step))  # (b, J, t)
+        finished.add(ended, first, ended_tokens, step)
         # The K best candidates that do not end here continue.
         cont_scores, pos = top_scores.masked_fill(is_eos, NEG_INF).topk(K, dim=1)  # (b, K)
         cont_beam, cont_tok = top_beam.gather(1, pos), top_tok.gather(1, pos)
-        rows = cont_beam.add_(_first_rows(b, k, device)).view(-1)  # (b*K,)
+        rows = (torch.arange(b, device=device)[:, None] * k + cont_beam).view(-1)  # (b*K,)
         history = torch.cat([history.index_select(0, rows), cont_tok.view(-1, 1)], dim=1)  # (b*K, t+1)
         state.reorder(rows)  # the first step's rows become K beams each
         state.group = K  # beams share their sentence's cross-attention keys/values
         scores, last = cont_scores, cont_tok.view(-1, 1)
-        alive &= cont_scores[:, 0].isfinite()
-        if ends:
-            alive &= finished.count < K
-        if sentence_limits is not None:
-            alive &= step < sentence_limits
+        alive &= ~((finished.count >= K) | (step >= sentence_limits) | ~cont_scores[:, 0].isfinite())
         step += 1
         looked = look(alive, step, every, room)
         if looked is not None:  # sentences done leave the batch

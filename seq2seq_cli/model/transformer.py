@@ -11,10 +11,7 @@ Attention(Q, K, V) = softmax(Q K^T / sqrt(Dk) + mask) V, computed by
 `torch.nn.functional.scaled_dot_product_attention` in the normal path, by two batched
 matmuls for a few queries per row in CPU inference (a decoding step), and by
 `attention_with_weights` when the weights are asked for. Incremental decoding keeps its
-keys/values in `seq2seq_cli/model/kv_cache.py` (`DecoderState`, one `LayerCache` per decoder layer);
-the searches decode one position at a time by the fused step of `seq2seq_cli/model/step.py`
-(a state made by `step_state`). The layers here stay the reference the step is tested against,
-and the path that returns attention weights.
+keys/values in `seq2seq_cli/model/kv_cache.py` (`DecoderState`, one `LayerCache` per decoder layer).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from seq2seq_cli.ids import PAD
 from seq2seq_cli.model.dropout import Dropout, dropout
 from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
 from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
-from seq2seq_cli.model.step import StepWeights, decode_step, fuse
 
 
 def attention_with_weights(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -296,9 +292,6 @@ class Seq2SeqTransformer(nn.Module):
         # Decoding copies only (`decode.shortlist`): source ids (B, S) -> the target ids (C,) a
         # search of them scores (`limit_vocabulary`); None: the whole vocabulary.
         self.candidates: Callable[[Tensor], Tensor] | None = None
-        # The decoder's weights arranged for the fused step, made once where they are fixed (a
-        # decoding copy, `seq2seq_cli/decode/onednn.py`); None: arranged for each state (`step_state`).
-        self.step_weights: StepWeights | None = None
         # A fixed (not trained) bias on the logits, as Marian's final_logits_bias; zero unless loaded.
         self.logits_bias: Tensor | None
         if cfg.logits_bias:
@@ -355,18 +348,6 @@ class Seq2SeqTransformer(nn.Module):
         layers = [LayerCache(*layer.cross_attn.keys_values(memory)) for layer in self.decoder_layers()]
         return DecoderState(layers, src_mask, group=group)
 
-    def step_state(self, memory: Tensor, src_mask: Tensor, rows: int, positions: int) -> DecoderState:
-        """`init_state` for decoding by the fused step (`seq2seq_cli/model/step.py`), as the
-        searches do: one position at a time, in eval mode, without attention weights; the
-        self-attention cache allocated for up to `rows` decoder rows and `positions` positions."""
-        if self.training:
-            raise ValueError("the fused step decodes in eval mode (no dropout); call model.eval()")
-        state = self.init_state(memory, src_mask)
-        cfg = self.cfg
-        state.preallocate(rows, positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
-        state.weights = self.step_weights if self.step_weights is not None else fuse(self)
-        return state
-
     def logits(self, h: Tensor) -> Tensor:
         """h: (..., D) -> (..., V)."""
         logits = F.linear(h, self.tgt_embed.tokens.weight) if self.output is None else self.output(h)
@@ -411,12 +392,6 @@ class Seq2SeqTransformer(nn.Module):
     def _decode(
         self, tgt_in: Tensor, state: DecoderState, incremental: bool, need_weights: bool, need_self_weights: bool
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        if state.steps is not None:  # a state made for the fused step
-            if not incremental or need_weights or need_self_weights or tgt_in.size(1) != 1 or state.weights is None:
-                raise ValueError("a state made by step_state decodes one position at a time, without attention weights")
-            h = decode_step(self, tgt_in, state, state.weights)
-            state.length += 1
-            return h, [], []
         start = state.length if incremental else 0
         x = self.tgt_embed(tgt_in, start)
         # A whole right-padded target (training, validation, forced decoding): causal attention alone.

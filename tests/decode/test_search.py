@@ -202,33 +202,3 @@ def test_first_step_decodes_one_row_per_sentence():
     beam_search(model, src, opts(4, b=3))
     assert seen[0] == src.size(0)  # one row per sentence, not beam_size rows
     assert max(seen[1:]) == 4 * src.size(0)
-
-
-@pytest.mark.parametrize("beam", [1, 4])
-@pytest.mark.parametrize("overrides", [{}, {"norm": "pre"}, {"q_k_size": 5, "v_size": 11}])
-def test_the_fused_step_finds_what_the_layers_find(beam, overrides):
-    """In eval mode the searches decode by the fused step; a model in training mode (these have
-    no dropout) decodes through its layers: the same hypotheses, scores to rounding."""
-    model = tiny_model(seed=7, **overrides)
-    with torch.no_grad():
-        model.tgt_embed.tokens.weight.mul_(4.0)
-    src = _sources(n=7, seed=7)
-    stepped = beam_search(model, src, opts(beam), nbest=beam)
-    layered = beam_search(model.train(), src, opts(beam), nbest=beam)
-    model.eval()
-    for a, b in zip(stepped, layered):
-        assert [h.tokens for h in a] == [h.tokens for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
-    assert [h.tokens for h in greedy_search(model, src, opts())] == [b[0].tokens for b in beam_search(model, src, opts(1))]
-
-
-def test_a_search_state_is_made_for_the_fused_step_in_eval_mode_only():
-    from seq2seq_cli.decode.search import start_state
-
-    model = tiny_model()
-    src = _sources()
-    assert start_state(model, src, src.size(0), 5).steps is not None
-    assert start_state(model.train(), src, src.size(0), 5).steps is None
-    with pytest.raises(ValueError, match="eval mode"):
-        memory, src_mask, _ = model.encode(src)
-        model.step_state(memory, src_mask, src.size(0), 5)

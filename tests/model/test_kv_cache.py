@@ -1,11 +1,11 @@
 """The decoder's key/value cache (`seq2seq_cli/model/kv_cache.py`): growth, deferred reordering,
-dropping finished rows, shared cross-attention keys, and the fused step's preallocated cache."""
+dropping finished rows, shared cross-attention keys, and the preallocated buffers."""
 
 import pytest
 import torch
 
 from conftest import random_sources, tiny_model
-from seq2seq_cli.model.kv_cache import DecoderState, LayerCache, StepCache
+from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
 
 H, S, DK, DV = 2, 5, 3, 4
 
@@ -101,83 +101,36 @@ def _random_walk(model, state, src, steps, seed):
 
 
 @pytest.mark.parametrize("positions", [12, 3])  # enough room, and buffers that must grow
-@pytest.mark.parametrize("overrides", [{}, {"norm": "pre"}, {"q_k_size": 5, "v_size": 11}, {"positions": "learned"}])
-def test_the_fused_step_equals_the_layers_path(positions, overrides):
-    """A state made for the fused step (`step_state`) decodes what the layers' path decodes,
-    step by step, through reorders and dropped rows, and caches the same keys/values."""
-    model = tiny_model(seed=4, **overrides)
+def test_preallocated_cache_equals_grown_cache(positions):
+    model = tiny_model(seed=4)
     src = random_sources(n=5, seed=4)
     memory, src_mask, _ = model.encode(src)
-    layers = model.init_state(memory, src_mask)
-    fused = model.step_state(memory, src_mask, src.size(0), positions)
-    assert fused.steps is not None and layers.steps is None
+    grown = model.init_state(memory, src_mask)
+    prealloc = model.init_state(memory, src_mask)
+    cfg = model.cfg
+    prealloc.preallocate(src.size(0), positions, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
     with torch.no_grad():
-        a = _random_walk(model, layers, src, 10, seed=1)
-        b = _random_walk(model, fused, src, 10, seed=1)
+        a = _random_walk(model, grown, src, 10, seed=1)
+        b = _random_walk(model, prealloc, src, 10, seed=1)
     for x, y in zip(a, b):
-        assert x.shape == y.shape and torch.allclose(x, y, atol=1e-5)
-    for i, c in enumerate(layers.layers):
-        assert torch.allclose(c.self_k, fused.steps.keys(i), atol=1e-5)
-        assert torch.allclose(c.self_v, fused.steps.values(i), atol=1e-5)
+        assert torch.equal(x, y)
+    for c, d in zip(grown.layers, prealloc.layers):
+        assert c.self_k.is_contiguous() and d.self_k.is_contiguous()
+        assert torch.equal(c.self_k, d.self_k) and torch.equal(c.self_v, d.self_v)
 
 
-def test_the_step_cache_lives_in_its_two_buffers():
+def test_preallocated_cache_lives_in_the_preallocated_buffers():
     model = tiny_model(seed=5)
     src = random_sources(n=4, seed=5)
     memory, src_mask, _ = model.encode(src)
-    state = model.step_state(memory, src_mask, src.size(0), 8)
-    buffers = {state.steps.store.data_ptr(), state.steps.spare.data_ptr()}
+    state = model.init_state(memory, src_mask)
+    cfg = model.cfg
+    state.preallocate(src.size(0), 8, cfg.heads, cfg.head_q_k_size, cfg.head_v_size)
+    buffers = {t.data_ptr() for c in state.layers for t in [*c.stores, *c.spare]}
+    assert len(buffers) == 2 * (len(state.layers) + 1)  # one spare pair shared by every layer
     with torch.no_grad():
         _random_walk(model, state, src, 8, seed=2)
-    assert state.steps.length == 8
-    assert {state.steps.store.data_ptr(), state.steps.spare.data_ptr()} == buffers  # nothing allocated per step
-
-
-def _step_cache(rows: int, layers: int = 2) -> StepCache:
-    return StepCache.empty(layers, rows, 2, H, DK, DV, torch.empty(0))
-
-
-def _position(rows: int, layers: int, seed: int) -> torch.Tensor:
-    return torch.randn(layers, rows, H, DK + DV, generator=torch.Generator().manual_seed(seed))
-
-
-def test_step_cache_reorders_are_deferred_composed_and_applied_when_a_position_is_added():
-    cache = _step_cache(4)
-    first = _position(4, 2, 1)
-    cache.extend(4)[0] = first
-    a, b = torch.tensor([3, 3, 0, 1]), torch.tensor([2, 0, 0, 1])
-    cache.follow(a)
-    cache.follow(b)
-    assert torch.equal(cache.view(1)[0], first)  # nothing moved yet
-    second = _position(4, 2, 2)
-    kv = cache.extend(4)
-    kv[1] = second
-    assert kv.shape == (2, 2, 4, H, DK + DV) and cache.order is None
-    assert torch.equal(kv[0], first[:, a[b]]) and torch.equal(kv[1], second)
-    assert torch.equal(cache.keys(1), kv[:, 1, ..., :DK].permute(1, 2, 0, 3))
-    assert torch.equal(cache.values(0), kv[:, 0, ..., DK:].permute(1, 2, 0, 3))
-
-
-def test_step_cache_grows_past_its_positions_and_to_more_rows():
-    cache = _step_cache(2)
-    written = []
-    for t in range(5):  # allocated for 2 positions
-        written.append(_position(2, 2, t))
-        cache.extend(2)[t] = written[-1]
-    assert torch.equal(cache.view(5), torch.stack(written))
-    expand = torch.tensor([0, 0, 0, 1, 1, 1])  # 2 rows become 6 (a first step's beams)
-    cache.follow(expand)
-    kv = cache.extend(6)
-    assert kv.shape == (6, 2, 6, H, DK + DV)
-    assert torch.equal(kv[:5], torch.stack(written)[:, :, expand])
-
-
-def test_layer_views_are_the_batched_matrices_of_the_cache():
-    cache = _step_cache(3)
-    for t in range(4):
-        cache.extend(3)[t] = _position(3, 2, t)
-    kv = cache.view(4)
-    k, v = cache.layer_views(kv, 1, DK)
-    assert k.shape == (3 * H, DK, 4) and v.shape == (3 * H, 4, DV)
-    assert torch.equal(k, cache.keys(1).reshape(3 * H, 4, DK).transpose(1, 2))
-    assert torch.equal(v, cache.values(1).reshape(3 * H, 4, DV))
+    for c in state.layers:
+        assert c.self_k.shape[2] == 8
+        assert c.self_k.untyped_storage().data_ptr() in buffers
+        assert c.self_v.untyped_storage().data_ptr() in buffers
