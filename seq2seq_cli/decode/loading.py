@@ -73,7 +73,7 @@ def load_translator(
     models = list(models)
     overrides = dict(overrides or {})
     if engine is Engine.torch:
-        return Choice(Translator.load(models, device, overrides).with_tag(tag))
+        return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag))
     why = None
     if len(models) > 1:
         if engine is Engine.ctranslate2:
@@ -86,7 +86,7 @@ def load_translator(
     elif engine is Engine.auto and per_line:
         why = per_line
     if why is not None:
-        return Choice(Translator.load(models, device, overrides).with_tag(tag), why)
+        return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), why)
     files = open_run(models[0])
     decode = decode_settings(files.config.decode, overrides, int(files.meta["tgt_vocab"]), flag_name)
     if engine is Engine.auto:
@@ -94,7 +94,7 @@ def load_translator(
 
         why = why_not(decode, nbest)
         if why is not None:
-            return Choice(Translator.load(models, device, overrides).with_tag(tag), why)
+            return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), why)
     try:
         if on_cpu_without_torch(device):
             return Choice(with_engine_on_cpu(files, decode).with_tag(tag))
@@ -102,7 +102,7 @@ def load_translator(
     except UserError as exc:
         if engine is Engine.ctranslate2:
             raise
-        return Choice(Translator.load(models, device, overrides).with_tag(tag), str(exc))
+        return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), str(exc))
 
 
 def on_cpu_without_torch(device: str) -> bool:
@@ -135,7 +135,7 @@ def with_engine_on_device(model: str | Path, device: str, overrides: dict[str, o
     from seq2seq_cli.decode.ctranslate2_engine import claim_threads, with_ctranslate2
 
     threads = claim_threads()
-    translator = Translator.load([model], device, overrides)
+    translator = Translator.load([model], device, overrides, auto_shortlist=True)
     return with_ctranslate2(translator, model, threads)
 
 

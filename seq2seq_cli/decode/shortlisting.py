@@ -18,10 +18,11 @@ if TYPE_CHECKING:
     from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 
-def shortlist_of(layout: RunLayout, decode: DecodeConfig, models: int) -> Path | None:
+def shortlist_of(layout: RunLayout, decode: DecodeConfig, models: int, auto: bool = False) -> Path | None:
     """The shortlist file `decode.shortlist` asks for, of one model's run: null, the run's where it
-    has one; true, the run's, or a UserError where it has none (or where `models` > 1)."""
-    if decode.shortlist is False:
+    has one when `auto` (the commands' default), else none; true, the run's, or a UserError where
+    it has none (or where `models` > 1)."""
+    if decode.shortlist is False or (decode.shortlist is None and not auto):
         return None
     if models > 1:
         if decode.shortlist:

@@ -84,10 +84,12 @@ class Translator:
     @classmethod
     def load(
         cls, model_path: str | Path | Sequence[str | Path], device: str = "auto", overrides: dict[str, object] | None = None,
+        auto_shortlist: bool = False,
     ) -> Translator:
         """Load a run directory or checkpoint, or several as an ensemble (a list of two or
         more); `overrides` (DecodeConfig keys) replace the (first) run's decode settings and
-        are validated like the config."""
+        are validated like the config. `auto_shortlist`: decode with the run's shortlist where it
+        has one and the settings do not say otherwise (what the commands do)."""
         from seq2seq_cli.decode.ensemble import Ensemble, check_member
         from seq2seq_cli.decode.onednn import for_decoding
         from seq2seq_cli.device import decoding_dtype, pick_device
@@ -97,7 +99,7 @@ class Translator:
         dev = pick_device(device, setting="--device")
         run = load_run(paths[0], dev)
         decode = decode_settings(run.config.decode, overrides or {}, int(run.meta["tgt_vocab"]), flag_name)
-        shortlist = shortlist_of(run.layout, decode, len(paths))
+        shortlist = shortlist_of(run.layout, decode, len(paths), auto_shortlist)
         runs = [run]
         for path in paths[1:]:
             runs.append(load_run(path, dev))
