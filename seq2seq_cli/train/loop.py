@@ -387,11 +387,11 @@ def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopR
 def finish(run: Run, state: TrainState, bar: tqdm, plain: bool) -> None:
     """The end of a run: a last validation and checkpoint unless this step has them, then the
     record of the updates since the last one logged, so that the last update is always logged.
-    That record is marked `final`; the checkpoint keeps its sums, so that a run resumed from
-    it replaces the record (`metrics.truncate_metrics`) by the one its next log_every step
-    writes, as a run never stopped would."""
+    That record is marked `final`, and the checkpoint keeps its sums: a run resumed from it
+    replaces the record by the one its next log_every step writes (see `MetricsLog`). A
+    resumed run that had nothing left to train keeps the record it finds."""
     if state.validated_at != state.step or not distributed.from_main(run.procs, run.layout.last.is_file()):
         validate_and_save(run, state)
     settle(run, state)
-    if state.window["tokens"]:
+    if state.window["tokens"] and not (run.metrics is not None and run.metrics.final_at == state.step):
         log_progress(run, state, bar, plain, final=True)
