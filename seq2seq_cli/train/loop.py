@@ -44,6 +44,7 @@ from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import update_average
 from seq2seq_cli.train.loss import batch_loss
+from seq2seq_cli.train.memory import give_back_freed
 from seq2seq_cli.train.metrics import plot_curves, read_metrics
 from seq2seq_cli.train.schedule import update_lr
 from seq2seq_cli.train.setup import Run, setup_run
@@ -281,6 +282,7 @@ def validate_and_save(run: Run, state: TrainState) -> None:
     state.validated_at = state.step
     if t.plot and run.metrics is not None:
         plot_curves(read_metrics(run.metrics.path), run.layout.curves)
+    give_back_freed()
     if t.patience and state.since_best >= t.patience:
         run.log(f"early stopping: no better validation {t.best_metric} in {state.since_best} validations")
 
