@@ -129,13 +129,14 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
-KERNEL_CACHE = 128
-"""The compiled matrix-product kernels a process keeps: oneDNN's primitive cache and ideep's
-(PyTorch's bf16 products on CPU) each keep up to 1024 by default, a kernel for every shape,
-about a megabyte each. Token-budget batches come in thousands of shapes, so a trainer kept
-every one it met until the caches were full: its memory grew update after update by gigabytes.
-One update needs about 25; recompiling a kernel costs a few milliseconds, a few percent of an
-update's time at most."""
+KERNEL_CACHE = 64
+"""The compiled matrix-product kernels a process keeps. PyTorch's bf16 products on CPU go
+through oneDNN, which compiles a kernel for every shape; oneDNN's primitive cache and ideep's
+keep up to 1024 of them by default, each with about a megabyte of code and buffers. Token-
+budget batches come in thousands of shapes, so a trainer kept every one it met until the
+caches were full: its memory grew by gigabytes, update after update. An update needs about
+15 kernels; compiling one takes a few milliseconds, a few percent of an update, and most
+kernels were compiled anew even with the large caches (their shapes come round too seldom)."""
 
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 

@@ -44,6 +44,7 @@ from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
 from seq2seq_cli.train.ema import update_average
 from seq2seq_cli.train.loss import batch_loss
+from seq2seq_cli.train.memory import give_back_freed
 from seq2seq_cli.train.metrics import plot_curves, read_metrics
 from seq2seq_cli.train.schedule import update_lr
 from seq2seq_cli.train.setup import Run, setup_run
@@ -281,6 +282,7 @@ def validate_and_save(run: Run, state: TrainState) -> None:
     state.validated_at = state.step
     if t.plot and run.metrics is not None:
         plot_curves(read_metrics(run.metrics.path), run.layout.curves)
+    give_back_freed()
     if t.patience and state.since_best >= t.patience:
         run.log(f"early stopping: no better validation {t.best_metric} in {state.since_best} validations")
 
@@ -387,11 +389,11 @@ def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopR
 def finish(run: Run, state: TrainState, bar: tqdm, plain: bool) -> None:
     """The end of a run: a last validation and checkpoint unless this step has them, then the
     record of the updates since the last one logged, so that the last update is always logged.
-    That record is marked `final`; the checkpoint keeps its sums, so that a run resumed from
-    it replaces the record (`metrics.truncate_metrics`) by the one its next log_every step
-    writes, as a run never stopped would."""
+    That record is marked `final`, and the checkpoint keeps its sums: a run resumed from it
+    replaces the record by the one its next log_every step writes (see `MetricsLog`). A
+    resumed run that had nothing left to train keeps the record it finds."""
     if state.validated_at != state.step or not distributed.from_main(run.procs, run.layout.last.is_file()):
         validate_and_save(run, state)
     settle(run, state)
-    if state.window["tokens"]:
+    if state.window["tokens"] and not (run.metrics is not None and run.metrics.final_at == state.step):
         log_progress(run, state, bar, plain, final=True)

@@ -1,11 +1,16 @@
-"""Will the model fit? Before a model is allocated for training, the memory its parameters,
-gradients and Adam moments need (counted analytically, as `seq2seq info` does: the model
-built on the meta device, no memory used) is compared with the memory free on the device, so
-a model far too large is one line instead of an allocation failure or a machine swapping."""
+"""The trainer's memory. Will the model fit? Before a model is allocated for training, the
+memory its parameters, gradients and Adam moments need (counted analytically, as `seq2seq info`
+does: the model built on the meta device, no memory used) is compared with the memory free on
+the device, so a model far too large is one line instead of an allocation failure or a machine
+swapping. And the host memory freed after a validation is given back (`give_back_freed`)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,3 +96,22 @@ def check_epoch_fits(config: Config, parts: list[Part]) -> None:
         f"epoch ({pairs:,} with the other corpora); planning an epoch of them needs {need / GIB:,.1f} GiB, but the host "
         f"has {free / GIB:,.1f} GiB free; lower the weight"
     )
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+def give_back_freed() -> None:
+    """Return to the system the host memory the process has freed (glibc's malloc_trim), after
+    each validation and its checkpoint. glibc keeps freed blocks for reuse: 30 quick-start
+    updates in bf16 left 570 MB of the trainer's heap free but resident, which a trim gave back."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

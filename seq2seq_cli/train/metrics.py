@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,12 +17,20 @@ if TYPE_CHECKING:
 
 
 class MetricsLog:
-    """Appends records to RUN/metrics.jsonl and mirrors their numbers to TensorBoard."""
+    """Appends records to RUN/metrics.jsonl and mirrors their numbers to TensorBoard.
+
+    A run ending between two log_every steps writes the record of its last updates marked
+    `final`, and its checkpoint keeps their sums. Resumed from that checkpoint, the run keeps
+    the record until it goes on past that step (`final_at`): then the record is dropped, and
+    the record of the next log_every step covers those updates, as in a run never stopped."""
 
     def __init__(self, run_dir: Path, resume_step: int | None, tensorboard: bool) -> None:
         self.path = RunLayout(run_dir).metrics
+        self.final_at: int | None = None  # the step of the `final` record kept from the run resumed
         if resume_step is not None:
             truncate_metrics(self.path, resume_step)
+            if any(r is not None and r.get("step") == resume_step and r.get("final") for _, _, r in metrics_lines(self.path)):
+                self.final_at = resume_step
         elif self.path.exists():
             self.path.unlink()  # a fresh run starts a fresh log
         self.file = open(self.path, "a", encoding="utf-8")
@@ -37,6 +45,8 @@ class MetricsLog:
                 self.writer = SummaryWriter(str(RunLayout(run_dir).tensorboard), purge_step=resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self.final_at is not None and record.get("step", 0) > self.final_at:
+            self.drop_final()
         try:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
@@ -47,6 +57,13 @@ class MetricsLog:
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["step"])
             self.writer.flush()
+
+    def drop_final(self) -> None:
+        """The run goes on past its `final` record: drop it (see the class)."""
+        at, self.final_at = self.final_at, None
+        self.file.close()
+        drop_records(self.path, lambda record: record.get("step") == at and bool(record.get("final")))
+        self.file = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         self.file.close()
@@ -91,20 +108,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step` (a resumed run recomputes them), and the `final` training
-    record at `step`: the record a run writes of its updates since the last log_every step
-    where it ends, whose sums the checkpoint kept for the run resumed from it to go on with.
-    A line that is not a record is kept as it is (ended by a newline, so records appended
-    after a torn line stay whole)."""
+    """Drop records after `step` (a resumed run recomputes them). A line that is not a record
+    is kept as it is (ended by a newline, so records appended after a torn line stay whole)."""
+    drop_records(path, lambda record: record.get("step", 0) > step)
+
+
+def drop_records(path: Path, drop: Callable[[dict[str, Any]], bool]) -> None:
+    """Rewrite a metrics.jsonl without the records `drop` picks; lines that are not records stay."""
     if path.is_file():
-        keep = [line for _, line, record in metrics_lines(path) if record is None or kept(record, step)]
+        keep = [line for _, line, record in metrics_lines(path) if record is None or not drop(record)]
         atomic_write_text(path, "".join(line + "\n" for line in keep))
-
-
-def kept(record: dict[str, Any], step: int) -> bool:
-    """Whether a run resumed at `step` keeps this record of metrics.jsonl."""
-    at = record.get("step", 0)
-    return at < step or (at == step and not record.get("final"))
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
