@@ -51,8 +51,10 @@ class Counting:
 
 
 def pair(run_dir: Path, settings: dict) -> tuple[Translator, Translator, Counting]:
-    """(our search's translator, the same with the engine attached, its counting CTranslate2)."""
-    ours = Translator.load(run_dir, "cpu", settings)
+    """(our search's translator, the same with the engine attached, its counting CTranslate2), over
+    the whole vocabulary: a shortlist's candidates follow the batches, which the engine cuts its
+    own way (tests/test_shortlist.py races the two with the shortlist)."""
+    ours = Translator.load(run_dir, "cpu", {"shortlist": False, **settings})
     with_engine = with_ctranslate2(ours, run_dir)
     counting = Counting(with_engine.engine.translator)
     with_engine.engine.translator = counting
@@ -94,7 +96,7 @@ def test_the_engine_answers_as_our_search(run_dir, settings):
 def test_several_sentences_are_split_among_one_thread_workers_and_a_lone_one_is_not(run_dir):
     """With 2 threads the engine decodes a batch as 2 batches side by side (one thread each)
     and a lone sentence on both threads; the answers are still our search's."""
-    ours = Translator.load(run_dir, "cpu", {"beam_size": 4})
+    ours = Translator.load(run_dir, "cpu", {"beam_size": 4, "shortlist": False})  # see `pair`
     with_engine = with_ctranslate2(ours, run_dir, threads=2)
     engine = with_engine.engine
     assert engine.workers == 2 and engine.batches.num_translators == 2 and engine.translator.num_translators == 1
@@ -184,7 +186,7 @@ def test_translate_with_the_engine_writes_our_search_s_translations(run_dir, tmp
     for engine in ("torch", "ctranslate2"):
         out = tmp_path / f"{engine}.en"
         r = CliRunner().invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--engine", engine,
-                                     "--beam-size", "3", "--no-progress"])
+                                     "--beam-size", "3", "--no-progress", "--full-vocabulary"])  # see `pair`
         assert r.exit_code == 0, r.output
         outputs[engine] = out.read_text(encoding="utf-8").splitlines()
     assert len(outputs["ctranslate2"]) == 10 and outputs["ctranslate2"][8] == ""
