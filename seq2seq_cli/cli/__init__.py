@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,13 +45,16 @@ def load_translator(model: list[Path], device: str, decode: dict[str, object], t
                     nbest: int = 1, per_line: str | None = None) -> Any:
     """The Translator of `--model` (one run, or several as an ensemble), with --tag and --engine
     (`seq2seq_cli/decode/loading.py`); the path it takes goes to stderr as the first log line."""
+    from tqdm import tqdm
+
     from seq2seq_cli.decode.deferred import Deferred
     from seq2seq_cli.decode.loading import load_translator as load
 
     choice = load(model, device, decode, tag, engine, nbest, per_line)
     line = f"translating with {', '.join(str(m) for m in model)} ({choice.describe()})"
-    # said when the first sentences are decoded: input refused before that is still a one-line error
-    return choice.translator.replaced(announce=Deferred(lambda: typer.echo(line, err=True)))
+    # said when the first sentences are decoded: input refused before that is still a one-line error;
+    # tqdm.write puts it above a progress bar already drawn
+    return choice.translator.replaced(announce=Deferred(lambda: tqdm.write(line, file=sys.stderr)))
 
 
 def _load(config: Path, overrides: list[str] | None):

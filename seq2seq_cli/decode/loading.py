@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 from seq2seq_cli.choices import Engine
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.deferred import Deferred
-from seq2seq_cli.decode.options import decode_settings, flag_name
+from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
 from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortlisted
 from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.device import decoding_precision
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import sha256
 from seq2seq_cli.run.loaded import RunFiles, open_run
@@ -69,7 +70,16 @@ def load_translator(
     """The translator of `models` (one run, or several as an ensemble) on `device`, with the
     decoding `overrides` (DecodeConfig keys, checked), `tag` in front of every source line, and
     the engine `engine` names (`auto`: CTranslate2 where it can run and decode `nbest` outputs
-    per line; `per_line`, when given, says why the lines need our searches: prefixes, constraints)."""
+    per line; `per_line`, when given, says why the lines need our searches: prefixes, constraints).
+    Options that cannot go together are refused here, before the command says which path decodes."""
+    choice = choose(models, device, overrides, tag, engine, nbest, per_line)
+    check_nbest(nbest, choice.translator.decode, flag_name)
+    return choice
+
+
+def choose(models: Sequence[str | Path], device: str, overrides: Mapping[str, object] | None, tag: str | None,
+           engine: Engine, nbest: int, per_line: str | None) -> Choice:
+    """`load_translator`'s choice of engine, its translator loaded."""
     models = list(models)
     overrides = dict(overrides or {})
     if engine is Engine.torch:
@@ -89,6 +99,9 @@ def load_translator(
         return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), why)
     files = open_run(models[0])
     decode = decode_settings(files.config.decode, overrides, int(files.meta["tgt_vocab"]), flag_name)
+    check_nbest(nbest, decode, flag_name)  # refused before the run loads
+    if on_cpu_without_torch(device):
+        decoding_precision(decode, "cpu")  # our searches' settings are refused at once, not when first needed
     if engine is Engine.auto:
         from seq2seq_cli.decode.ctranslate2_engine import why_not
 
@@ -156,7 +169,7 @@ def deferred_translator(files: RunFiles, decode: DecodeConfig, run: Deferred[Loa
     """The translator of the run `files` describe, on the CPU, whose model is `run`'s, loaded
     and packed for decoding the first time our searches need it (`Translator.load` packs it at
     once)."""
-    shortlist = shortlist_of(files.layout, decode, 1)
+    shortlist = shortlist_of(files.layout, decode, 1, auto=True)  # the commands take the run's by default
 
     def load_model() -> Decoder:
         import torch

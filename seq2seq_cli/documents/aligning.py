@@ -45,9 +45,7 @@ def pieces(translator: Translator, sentence: str) -> list[tuple[int, str]]:
     """The sentence as (character offset, text) pieces, each within the model's source
     positions where its words allow (a single word longer than that is a piece of its own):
     the sentence whole when it fits, else cut between words into pieces of about equal length."""
-    from seq2seq_cli.decode.search import max_source_subwords
-
-    limit = max_source_subwords(translator.model) - len(translator.tag_ids)
+    limit = translator.max_source - len(translator.tag_ids)
     words = list(WORD.finditer(sentence))
     if len(words) < 2 or len(translator.src_sp.encode(sentence)) <= limit:
         return [(0, sentence)]

@@ -69,8 +69,6 @@ def translate_file(
     if opts.attention_plots is not None:
         chunks = warn_about_plots(chunks, total)
     cut: list[int] = []
-    if translator.announce is not None:  # the path that decodes, said before the progress bar starts
-        translator.announce.get()
     with tqdm(total=total, unit="sent", disable=not progress or total is None, file=sys.stderr) as bar:
         outputs = translate_chunks(translator, chunks, opts, bar, cut, "stdin" if src == "-" else src, prefix_file)
         if out != "-":

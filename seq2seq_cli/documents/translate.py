@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from seq2seq_cli.choices import DocumentFormat
-from seq2seq_cli.decode.search import max_source_subwords
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents import docx, odt
 from seq2seq_cli.documents.detect import SNIFF_BYTES, check_document, detect, document_text, text_encoding
@@ -61,7 +60,7 @@ def text_chars(fmt: DocumentFormat, data: bytes, name: str = "the file") -> int:
 
 def describe_pieces(name: str, count: int, translator: Translator) -> str:
     """The one warning of a document whose sentences were too long for the model."""
-    return (f"warning: {name}: {count} sentence(s) longer than the model's {max_source_subwords(translator.model)} "
+    return (f"warning: {name}: {count} sentence(s) longer than the model's {translator.max_source} "
             "source subwords were translated in pieces, cut between words")
 
 

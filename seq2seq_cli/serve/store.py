@@ -21,9 +21,11 @@ import weakref
 from pathlib import Path
 from typing import IO
 
+from seq2seq_cli.layout import LOCK as LOCK_NAME
+
 FILE_LIFETIME_S = 600.0  # a translated file not downloaded by then is removed
 PREFIX = "seq2seq-files-"
-LOCK = ".lock"  # FOLDER.lock, beside the folder: held by the server whose folder it is
+LOCK = LOCK_NAME  # FOLDER.lock, beside the folder: held by the server whose folder it is
 ID = re.compile(r"[0-9a-f]{32}(\.[a-z]{1,5})?")
 SUFFIX = re.compile(r"\.[a-z]{1,5}")
 

@@ -128,7 +128,7 @@ def _commands():
 @pytest.mark.parametrize("width_from", ["terminal_width", "COLUMNS"])
 def test_help_prints_every_option_name_whole_at_80_columns(width_from):
     _, commands = _commands()
-    assert len(commands) == 9
+    assert len(commands) == 10
     for name, command in commands:
         if width_from == "terminal_width":
             r = runner.invoke(app, [name, "--help"], terminal_width=80)
@@ -159,15 +159,15 @@ def test_decoding_flags_are_decoconfigs_fields_on_both_commands():
 
 
 def test_decoding_flags_reach_the_translator_by_config_key(monkeypatch, tmp_path):
-    import seq2seq_cli.decode.translate as translate_module
+    import seq2seq_cli.decode.loading as loading_module
 
     seen = []
 
-    def load(model, device="auto", overrides=None):
+    def load(models, device="auto", overrides=None, *rest):
         seen.append(overrides)
         raise SystemExit(0)
 
-    monkeypatch.setattr(translate_module.Translator, "load", staticmethod(load))
+    monkeypatch.setattr(loading_module, "load_translator", load)
     r = invoke("translate", "-m", tmp_path, "-b", "3", "--top-p", "0.5", "--allow-unk", "--length-penalty-type", "gnmt")
     assert r.exit_code == 0, r.output
     r = invoke("evaluate", "-m", tmp_path, "--src", tmp_path / "s", "--ref", tmp_path / "r", "--no-repeat-ngram-size", "2")

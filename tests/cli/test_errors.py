@@ -674,14 +674,14 @@ def test_every_case_is_documented():
 
 def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch):
     """Interrupted after the first chunk's lines went to the output: the old file stays whole."""
-    import seq2seq_cli.decode.translate as translate_module
+    import seq2seq_cli.decode.search as search_module
     import seq2seq_cli.documents.text as textfile_module
 
     out = ws / "keep.txt"
     out.write_text("earlier results\n", encoding="utf-8")
     src = ws / "six.txt"
     src.write_text("uno\ndos\ntres\ncuatro\ncinco\nseis\n", encoding="utf-8")
-    real_search = translate_module.search
+    real_search = search_module.search
     calls = []
     written = []
 
@@ -693,8 +693,9 @@ def test_failed_translation_leaves_an_existing_output_untouched(ws, monkeypatch)
         return real_search(*args, **kwargs)
 
     monkeypatch.setattr(textfile_module, "CHUNK_LINES", 3)
-    monkeypatch.setattr(translate_module, "search", search_then_interrupt)
-    args = ["translate", "-m", str(ws / "run"), "-i", str(src), "-o", str(out), "--batch-tokens", "100000", "--no-progress"]
+    monkeypatch.setattr(search_module, "search", search_then_interrupt)
+    args = ["translate", "-m", str(ws / "run"), "-i", str(src), "-o", str(out), "--batch-tokens", "100000", "--no-progress",
+            "--engine", "torch"]  # our search, which the test interrupts
     result = runner.invoke(app, args)
     assert result.exit_code != 0 and len(calls) == 2
     assert len(written) == 1  # the first chunk's lines were being written when it stopped

@@ -41,6 +41,7 @@ def test_replace_unk_puts_the_most_attended_source_piece_in_place_of_unk(run):
 
 
 def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch):
+    from seq2seq_cli.decode import search as search_module
     from seq2seq_cli.decode import translate as module
     from seq2seq_cli.decode.search import Hypothesis
     from seq2seq_cli.documents.lines import OutputOptions, translate_stream
@@ -48,8 +49,8 @@ def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch
 
     tr = module.Translator.load(run, "cpu", {"replace_unk": True, "beam_size": 1})
     the = tr.tgt_sp.piece_to_id("\u2581the")
-    monkeypatch.setattr(module, "search", lambda model, src, opts, nbest=1, lines=None: [[Hypothesis([the, UNK], -1.0, -1.0)]
-                                                                                         for _ in range(src.size(0))])
+    monkeypatch.setattr(search_module, "search", lambda model, src, opts, nbest=1, lines=None: [
+        [Hypothesis([the, UNK], -1.0, -1.0)] for _ in range(src.size(0))])
     line = "Jerusalén grande"
     [row] = translate_stream(tr, [line], OutputOptions())
     ids = tr.encode([line])[0]

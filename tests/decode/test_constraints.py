@@ -198,16 +198,20 @@ def test_nbest_lines_each_hold_the_constraints(run_dir, pairs, tmp_path):
 
 
 def test_empty_lists_give_exactly_the_unconstrained_output(run_dir, pairs, tmp_path):
+    """Over the whole vocabulary: a shortlist's candidates follow the lines batched together, and
+    constrained lines are batched apart from the others."""
     sources = [s for s, _ in pairs]
-    plain = translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores")
+    whole = ("--full-vocabulary", "--engine", "torch")
+    plain = translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", *whole)
     none = write(tmp_path / "none.jsonl", ["[]"] * len(pairs))
-    assert translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", "--constraints", str(none)) == plain
+    assert translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", "--constraints", str(none),
+                     *whole) == plain
     mixed = write(tmp_path / "mixed.jsonl", [json.dumps(t) if i % 2 else "[]" for i, (_, t) in enumerate(pairs)])
-    got = translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", "--constraints", str(mixed))
+    got = translate(run_dir, tmp_path, sources, "-b", "5", "--nbest", "2", "--scores", "--constraints", str(mixed), *whole)
     for i in range(0, len(pairs), 2):
         assert got[2 * i : 2 * i + 2] == plain[2 * i : 2 * i + 2]
-    plain1 = translate(run_dir, tmp_path, sources, "-b", "1")
-    assert translate(run_dir, tmp_path, sources, "-b", "1", "--constraints", str(none)) == plain1
+    plain1 = translate(run_dir, tmp_path, sources, "-b", "1", *whole)
+    assert translate(run_dir, tmp_path, sources, "-b", "1", "--constraints", str(none), *whole) == plain1
 
 
 def test_glossary_terms_become_constraints(run_dir, pairs, tmp_path):

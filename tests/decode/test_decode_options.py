@@ -35,8 +35,9 @@ def test_out_of_range_decoding_options_are_refused_up_front(run, flags):
 def test_the_run_config_beam_size_above_the_vocabulary_names_the_config(run, monkeypatch):
     from seq2seq_cli.decode import translate as module
     from seq2seq_cli.errors import UserError
+    from seq2seq_cli.run import loaded
 
-    real = module.load_run
+    real = loaded.load_run
 
     def with_beam(*args, **kwargs):
         loaded = real(*args, **kwargs)
@@ -44,7 +45,7 @@ def test_the_run_config_beam_size_above_the_vocabulary_names_the_config(run, mon
         loaded.config = loaded.config.model_copy(update={"decode": decode})
         return loaded
 
-    monkeypatch.setattr(module, "load_run", with_beam)
+    monkeypatch.setattr(loaded, "load_run", with_beam)
     with pytest.raises(UserError, match=r"^decode.beam_size \(the run's config\) 500: larger than the target vocabulary"):
         module.Translator.load(run, "cpu")
 

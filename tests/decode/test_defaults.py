@@ -60,14 +60,17 @@ def run_dir(trained, tmp_path) -> Path:
 
 
 def first_line(run_dir: Path, *flags: str, command: str = "translate") -> tuple[int, str]:
-    """(exit code, the first line on stderr) of `command` on three test lines with `flags`."""
+    """(exit code, the first line on stderr as a terminal shows it: the progress bar redraws itself
+    after each carriage return, and the line is written above it) of `command` on three test lines
+    with `flags`."""
     src, ref = run_dir.parent / "three.es", run_dir.parent / "three.en"
     src.write_text("\n".join(LINES[:3]) + "\n", encoding="utf-8")
     ref.write_text("\n".join((SHIPPED / "test.en").read_text(encoding="utf-8").splitlines()[:3]) + "\n", encoding="utf-8")
     args = ["translate", "-m", str(run_dir), "-i", str(src), *flags] if command == "translate" else [
         "evaluate", "-m", str(run_dir), "--src", str(src), "--ref", str(ref), *flags]
     r = CliRunner().invoke(app, args)
-    return r.exit_code, r.stderr.split("\n")[0]  # before the progress bar
+    shown = [line.rsplit("\r", 1)[-1] for line in r.stderr.split("\n")]
+    return r.exit_code, next((line for line in shown if line.strip()), "")
 
 
 def test_no_flags_decode_with_ctranslate2_and_the_shortlist_and_say_so(run_dir):

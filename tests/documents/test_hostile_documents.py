@@ -289,7 +289,8 @@ def test_translate_file_writes_lf_as_translate_does(run_dir, client, tmp_path):
     text = "Hola mundo.\r\nY dijo Dios: Sea la luz.\r\n\r\nAdiós.\r\n"
     src, out = tmp_path / "crlf.txt", tmp_path / "crlf.en.txt"
     src.write_bytes(text.encode())
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--beam-size", "2"])
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--beam-size", "2",
+                            "--engine", "torch", "--full-vocabulary"])  # the served translator's path
     assert r.exit_code == 0, r.output
     served = download(client, "crlf.txt", text.encode())
     assert b"\r" not in served and served == out.read_bytes()

@@ -58,7 +58,7 @@ def test_a_blank_line_is_scored_as_the_empty_translation(run):
 
 
 def test_attention_plots_onto_a_file_fails_before_decoding(run, tmp_path, monkeypatch):
-    from seq2seq_cli.decode import translate as module
+    from seq2seq_cli.decode import search as module
 
     taken = tmp_path / "plots"
     taken.write_text("not a directory\n", encoding="utf-8")

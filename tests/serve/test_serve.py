@@ -128,17 +128,20 @@ def server(run_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
     keys = tmp / "keys.txt"
     keys.write_text(f"# keys\n{KEY}\nother-key\n", encoding="utf-8")
-    s = Server(run_dir, tmp, "--api-keys", str(keys), "--max-lines", "40", "--max-chars", "3000", "--beam-size", "3")
+    s = Server(run_dir, tmp, "--api-keys", str(keys), "--max-lines", "40", "--max-chars", "3000", "--beam-size", "3",
+               "--full-vocabulary")  # a shortlist's candidates follow the batch; the whole vocabulary's answers do not
     yield s
     s.stop()
 
 
 def translate_cli(run_dir: Path, tmp: Path, lines: list[str], *flags: str) -> list[str]:
-    """What `seq2seq translate` writes for these lines."""
+    """What `seq2seq translate` writes for these lines (over the whole vocabulary, as `server` decodes,
+    unless `flags` ask for the shortlist)."""
     src, out = tmp / "in.txt", tmp / "out.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    vocabulary = [] if "--shortlist" in flags else ["--full-vocabulary"]
     result = CliRunner().invoke(cli_app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out),
-                                          "--device", "cpu", "--no-progress", *flags])
+                                          "--device", "cpu", "--no-progress", *vocabulary, *flags])
     assert result.exit_code == 0, result.output
     return out.read_text(encoding="utf-8").splitlines()
 
@@ -166,7 +169,7 @@ def test_the_ctranslate2_engine_serves_what_translate_writes(run_dir, tmp_path):
     """`serve --engine ctranslate2`: the LibreTranslate client gets `translate`'s lines; a
     prefix (which the engine leaves to our search) still works."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
-    s = Server(run_dir, tmp_path, "--engine", "ctranslate2", "--beam-size", "3")
+    s = Server(run_dir, tmp_path, "--engine", "ctranslate2", "--beam-size", "3", "--full-vocabulary")
     try:
         lines = SENTENCES[:6]
         got = [LibreTranslateAPI(s.url).translate(line, "es", "en") for line in lines]
@@ -190,7 +193,7 @@ def test_serve_with_the_shortlist_answers_as_translate_with_it(run_dir, tmp_path
         assert got == translate_cli(run_dir, tmp_path, lines, "--beam-size", "3", "--shortlist")
     finally:
         s.stop()
-    assert "(es -> en, our searches, shortlist) on http://" in s.log.read_text()
+    assert "(es -> en, searched by CTranslate2, shortlist) on http://" in s.log.read_text()
 
 
 def test_alternatives_are_the_nbest_of_translate(server, run_dir, tmp_path):

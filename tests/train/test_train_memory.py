@@ -12,7 +12,7 @@ import torch
 
 from conftest import tiny_model
 from helpers import make_config, quiet
-from seq2seq_cli.config import load_config
+from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.batching import Batch, target_rows
 from seq2seq_cli.device import KERNEL_CACHE, KERNEL_CACHE_VARIABLES
 from seq2seq_cli.ids import BOS, PAD
