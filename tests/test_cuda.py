@@ -27,7 +27,8 @@ import torch
 from conftest import random_sources, tiny_model
 from helpers import make_config, quiet, sequence_log_prob, train_records
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.search import Hypothesis, length_penalty, search
+from seq2seq_cli.decode.hypotheses import Hypothesis, length_penalty
+from seq2seq_cli.decode.search import search
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.ids import BOS, EOS, PAD
 from seq2seq_cli.model.transformer import Seq2SeqTransformer

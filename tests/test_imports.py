@@ -231,7 +231,7 @@ def test_no_module_imports_another_modules_private_names():
 
 MAX_MODULE_LINES = 400
 # Modules still over the limit, each held to its length today so that it can only shrink.
-STILL_LONG = {"decode.search": 477, "model.transformer": 446}
+STILL_LONG: dict[str, int] = {}
 
 
 def test_no_module_is_longer_than_the_limit():

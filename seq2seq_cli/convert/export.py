@@ -26,7 +26,8 @@ from seq2seq_cli.run.checkpoint import resolve_checkpoint
 from seq2seq_cli.run.loaded import LoadedRun, RunFiles, load_run
 
 if TYPE_CHECKING:  # the converter reads a loaded model; importing it needs no torch (the CTranslate2 engine's start)
-    from seq2seq_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
+    from seq2seq_cli.model.attention import MultiHeadAttention
+    from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 VMAP = "vmap.txt"  # CTranslate2's vocabulary map in a model directory
 

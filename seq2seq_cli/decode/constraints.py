@@ -45,15 +45,9 @@ import torch
 from torch import Tensor
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.search import (
-    NEG_INF,
-    Hypothesis,
-    length_penalty,
-    max_lengths,
-    output_room,
-    start_state,
-    step_log_probs,
-)
+from seq2seq_cli.decode.hypotheses import NEG_INF, Hypothesis, length_penalty
+from seq2seq_cli.decode.search import output_room, start_state
+from seq2seq_cli.decode.steps import max_lengths, step_log_probs
 from seq2seq_cli.ids import EOS
 from seq2seq_cli.model.transformer import Seq2SeqTransformer
 

@@ -28,7 +28,7 @@ def length_penalty(length: int, alpha: float, kind: str) -> float:
 
 def output_limit(src_len: int, cap: int, a: float, b: int) -> int:
     """One sentence's output limit a*|x|+b (`src_len` counting EOS), at most `cap`: the value
-    `search.output_limits` gives a batch, computed the same way (float64, capped, floored)."""
+    `steps.output_limits` gives a batch, computed the same way (float64, capped, floored)."""
     return int(min(max(a * float(src_len) + float(b), 0.0), float(cap)))
 
 

@@ -36,7 +36,7 @@ from seq2seq_cli.run.loaded import RunFiles, open_run
 if TYPE_CHECKING:
     import torch
 
-    from seq2seq_cli.decode.search import Decoder
+    from seq2seq_cli.decode.steps import Decoder
     from seq2seq_cli.run.loaded import LoadedRun
 
 ENSEMBLE = "--engine ctranslate2 decodes one model; an ensemble (--model given twice or more) decodes with --engine torch"

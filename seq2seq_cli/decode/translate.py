@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # torch and the searches are imported when our searches first
     from seq2seq_cli.config import ModelConfig
     from seq2seq_cli.decode.constraints import Phrases
     from seq2seq_cli.decode.engines import SearchEngine
-    from seq2seq_cli.decode.search import Decoder
+    from seq2seq_cli.decode.steps import Decoder
     from seq2seq_cli.model.transformer import Seq2SeqTransformer
 
 __all__ = ["Translator", "read_shortlist", "shortlisted"]

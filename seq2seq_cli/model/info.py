@@ -38,7 +38,8 @@ import torch
 from torch import nn
 
 from seq2seq_cli.config import Config, ModelConfig
-from seq2seq_cli.model.transformer import FeedForward, MultiHeadAttention, Seq2SeqTransformer, build_model
+from seq2seq_cli.model.attention import MultiHeadAttention
+from seq2seq_cli.model.transformer import FeedForward, Seq2SeqTransformer, build_model
 
 
 @dataclass(frozen=True)

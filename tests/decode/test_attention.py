@@ -43,7 +43,7 @@ def test_replace_unk_puts_the_most_attended_source_piece_in_place_of_unk(run):
 def test_replace_unk_in_translation_follows_the_cross_attention(run, monkeypatch):
     from seq2seq_cli.decode import search as search_module
     from seq2seq_cli.decode import translate as module
-    from seq2seq_cli.decode.search import Hypothesis
+    from seq2seq_cli.decode.hypotheses import Hypothesis
     from seq2seq_cli.documents.lines import OutputOptions, translate_stream
     from seq2seq_cli.ids import UNK
 

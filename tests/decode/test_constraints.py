@@ -16,7 +16,9 @@ from conftest import REPO, SHIPPED, random_sources, tiny_model
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.constraints import constrained_beam_search, constrained_limits
-from seq2seq_cli.decode.search import beam_search, length_penalty, max_lengths
+from seq2seq_cli.decode.hypotheses import length_penalty
+from seq2seq_cli.decode.search import beam_search
+from seq2seq_cli.decode.steps import max_lengths
 from seq2seq_cli.ids import BOS, EOS
 
 runner = CliRunner()

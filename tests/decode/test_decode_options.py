@@ -53,7 +53,7 @@ def test_the_run_config_beam_size_above_the_vocabulary_names_the_config(run, mon
 def test_one_function_owns_the_output_limit(run):
     import torch
 
-    from seq2seq_cli.decode.search import max_lengths, max_source_subwords
+    from seq2seq_cli.decode.steps import max_lengths, max_source_subwords
     from seq2seq_cli.decode.translate import Translator
     from seq2seq_cli.ids import EOS, PAD
 

@@ -24,7 +24,7 @@ from helpers import REPO
 from seq2seq_cli.choices import Engine
 from seq2seq_cli.cli import app
 from seq2seq_cli.decode.hypotheses import output_limit
-from seq2seq_cli.decode.search import output_limits
+from seq2seq_cli.decode.steps import output_limits
 from seq2seq_cli.fileio import sha256
 from seq2seq_cli.layout import RunLayout
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode import search as search_module  # the translator imports its searches when it decodes
-from seq2seq_cli.decode.search import Hypothesis
+from seq2seq_cli.decode.hypotheses import Hypothesis
 from seq2seq_cli.decode.translate import Translator
 
 PAD = 0

@@ -5,7 +5,8 @@ from conftest import random_sources as _sources
 from conftest import tiny_model
 from helpers import sequence_log_prob
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.decode.search import beam_search, greedy_search, max_lengths, sample, search
+from seq2seq_cli.decode.search import beam_search, greedy_search, sample, search
+from seq2seq_cli.decode.steps import max_lengths
 from seq2seq_cli.ids import PAD, UNK
 from seq2seq_cli.model.kv_cache import DecoderState, LayerCache
 

@@ -20,7 +20,7 @@ import hostile_files as hf
 from helpers import REPO, SHIPPED, train_shipped_tiny
 from seq2seq_cli.choices import DocumentFormat
 from seq2seq_cli.cli import app
-from seq2seq_cli.decode.search import max_source_subwords
+from seq2seq_cli.decode.steps import max_source_subwords
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents import aligning, docx, markup, odt
 from seq2seq_cli.documents.detect import check_document

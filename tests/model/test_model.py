@@ -4,7 +4,8 @@ import torch
 from conftest import tiny_model
 from seq2seq_cli.ids import BOS, PAD
 from seq2seq_cli.model.masks import decoder_self_mask, padding_mask
-from seq2seq_cli.model.transformer import attention_with_weights, sinusoidal_table
+from seq2seq_cli.model.attention import attention_with_weights
+from seq2seq_cli.model.transformer import sinusoidal_table
 
 
 def _batch():
@@ -176,7 +177,7 @@ def test_incremental_weights_equal_rows_of_the_full_maps():
 
 
 def test_normal_path_never_computes_explicit_weights(monkeypatch):
-    import seq2seq_cli.model.transformer as model_module
+    import seq2seq_cli.model.attention as model_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the explicit attention path ran without being asked for")

@@ -146,7 +146,7 @@ def test_a_float32_run_resumes_in_fp16_with_a_fresh_loss_scaler(tmp_path):
 
 
 def test_bf16_attention_on_cpu_matches_float32():
-    from seq2seq_cli.model.transformer import scaled_dot_product_attention
+    from seq2seq_cli.model.attention import scaled_dot_product_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 5, 8, generator=g) for _ in range(3))
