@@ -3,8 +3,8 @@ import torch
 
 from conftest import tiny_model
 from seq2seq_cli.ids import BOS, PAD
-from seq2seq_cli.model.masks import decoder_self_mask, padding_mask
 from seq2seq_cli.model.attention import attention_with_weights
+from seq2seq_cli.model.masks import decoder_self_mask, padding_mask
 from seq2seq_cli.model.transformer import sinusoidal_table
 
 

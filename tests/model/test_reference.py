@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from seq2seq_cli.config import ModelConfig
 from seq2seq_cli.ids import PAD
+from seq2seq_cli.model.attention import MultiHeadAttention
 from seq2seq_cli.model.kv_cache import LayerCache
 from seq2seq_cli.model.masks import causal_mask, decoder_self_mask, padding_mask
-from seq2seq_cli.model.attention import MultiHeadAttention
 from seq2seq_cli.model.transformer import DecoderLayer, EncoderLayer
 
 D, HEADS, FFN = 16, 4, 32
