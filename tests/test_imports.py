@@ -243,3 +243,17 @@ def test_no_module_is_longer_than_the_limit():
 def test_no_module_of_decode_is_about_a_file_format():
     formats = ("markup", "odt", "docx", "docfiles", "sentences", "textfile", "documents", "html")
     assert not [m for m in package_modules() if m.startswith("decode.") and m.split(".")[1] in formats]
+
+
+MAX_FUNCTION_LINES = 100  # the hard limit; a function over 60 lines is split where that reads better
+
+
+def test_no_function_is_longer_than_the_hard_limit():
+    long = []
+    for name, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(long)

@@ -350,6 +350,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
             bar.close()
             if run.metrics is not None:
                 run.metrics.close()
+            run.release()  # the lock, even while a traceback still holds the run
         minutes = state.seconds() / 60
         run.log(f"finished at step {state.step} (epoch {state.epoch + 1}) in {minutes:.1f} min; run in {config.run_path}")
         finished = True

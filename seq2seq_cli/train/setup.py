@@ -108,6 +108,7 @@ class Run:
     log: Callable[[str], None]
     average: torch.optim.swa_utils.AveragedModel | None = None  # the weights' moving average (train.ema_decay)
     tally: DeviceTally | None = None  # the updates' sums and skips, on the device until read (set by setup_run)
+    release: Callable[[], object] = lambda: None  # gives the run lock back (set by setup_run); once only
 
     @property
     def scored(self) -> Seq2SeqTransformer:
@@ -328,8 +329,8 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         if lock is not None:
             runlock.release(lock)
         raise
-    if lock is not None:
-        weakref.finalize(run, runlock.release, lock)
+    if lock is not None:  # given back when train returns or fails (`Run.release`), or else when the run is collected
+        run.release = weakref.finalize(run, runlock.release, lock)
     return run, state
 
 
