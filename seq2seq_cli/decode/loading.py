@@ -99,7 +99,6 @@ def choose(models: Sequence[str | Path], device: str, overrides: Mapping[str, ob
         return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), why)
     files = open_run(models[0])
     decode = decode_settings(files.config.decode, overrides, int(files.meta["tgt_vocab"]), flag_name)
-    check_nbest(nbest, decode, flag_name)  # refused before the run loads
     if on_cpu_without_torch(device):
         decoding_precision(decode, "cpu")  # our searches' settings are refused at once, not when first needed
     if engine is Engine.auto:

@@ -21,11 +21,10 @@ import weakref
 from pathlib import Path
 from typing import IO
 
-from seq2seq_cli.layout import LOCK as LOCK_NAME
+from seq2seq_cli.layout import LOCK  # FOLDER.lock, beside the folder: held by the server whose folder it is
 
 FILE_LIFETIME_S = 600.0  # a translated file not downloaded by then is removed
 PREFIX = "seq2seq-files-"
-LOCK = LOCK_NAME  # FOLDER.lock, beside the folder: held by the server whose folder it is
 ID = re.compile(r"[0-9a-f]{32}(\.[a-z]{1,5})?")
 SUFFIX = re.compile(r"\.[a-z]{1,5}")
 
