@@ -217,6 +217,16 @@ class DecodeConfig(Section):
         return self
 
 
+class DistillConfig(Section):
+    """Where a student's training targets come from (`seq2seq distill`)."""
+
+    teacher: str | None = Field(None, description="the run whose translations of the training sources the student learns")
+    original_weight: float = Field(
+        0.0, ge=0.0, allow_inf_nan=False,
+        description="also train on the original targets, each corpus at this share of its weight; 0 = distilled only")
+    beam_size: int | None = Field(None, ge=1, description="the teacher's beam; null = its own decode.beam_size")
+
+
 class Config(Section):
     name: str
     run_dir: str | None = Field(None, description="where the run is written; default runs/NAME")
@@ -225,6 +235,7 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig(max_epochs=10)
     decode: DecodeConfig = DecodeConfig()
+    distill: DistillConfig | None = Field(None, description="a student's teacher (seq2seq distill); null = not a student")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -15,6 +15,8 @@
     RUN/metrics.jsonl                one JSON record per line
     RUN/tensorboard/                 TensorBoard events
     RUN/plots/curves.png             the learning curves
+    RUN/distill_report.json          a student's figures beside its teacher's (`seq2seq distill`)
+    RUN/distilled/                   a student's corpora: its teacher's translations (`seq2seq distill`)
     RUN/cache/                       datasets' Arrow copy of the text, and cache/encoded/ the encoded pairs
     RUN/.lock                        the lock of the process that writes the run
 
@@ -39,6 +41,7 @@ CURVES = "curves.png"
 CACHE = "cache"
 ENCODED = "encoded"
 CTRANSLATE2 = "ctranslate2"
+DISTILLED, DISTILL_REPORT = "distilled", "distill_report.json"
 
 JOINT_SPM = "spm.model"
 SRC_SPM, TGT_SPM = "spm.src.model", "spm.tgt.model"
@@ -53,7 +56,7 @@ STEP = re.compile(r"step-\d+")
 
 OUTPUTS = (CHECKPOINTS, METRICS, TENSORBOARD, PLOTS, SHORTLIST, CTRANSLATE2)
 """What one training run writes (removed by --overwrite); the tokenizer, the cache and the config stay."""
-SUBDIRS = (CACHE, CHECKPOINTS, PLOTS, TENSORBOARD)
+SUBDIRS = (CACHE, CHECKPOINTS, PLOTS, TENSORBOARD, DISTILLED)
 """The directories a run writes into besides its top level."""
 
 
@@ -142,6 +145,14 @@ class RunLayout:
     def ctranslate2(self) -> Path:
         return self.root / CTRANSLATE2
 
+    @property
+    def distilled(self) -> Path:
+        return self.root / DISTILLED
+
+    @property
+    def distill_report(self) -> Path:
+        return self.root / DISTILL_REPORT
+
     def converted(self, checkpoint: str, sha256: str) -> Path:
         """ctranslate2/NAME-SHA: checkpoint NAME (its weights' sha256) converted for CTranslate2."""
         return self.ctranslate2 / f"{checkpoint}-{sha256[:16]}"
@@ -193,7 +204,8 @@ class RunLayout:
         """The files at the top of the run that the run owns: its config, lock, metrics, shortlist and
         every tokenizer or vocabulary file a run may hold."""
         return [self.config, self.lock, self.metrics, self.shortlist, self.root / JOINT_SPM, *self.spm_models(False),
-                *self.vocab_spm(), *self.vocab_files(False), self.data_report, self.data_plot, self.dropped]
+                *self.vocab_spm(), *self.vocab_files(False), self.data_report, self.data_plot, self.dropped,
+                self.distill_report]
 
     def owner_of(self, path: Path) -> Path | None:
         """The file or directory of this run that owns `path` (after links): one of `owned_files`, a

@@ -50,11 +50,11 @@ def test_the_readme_is_one_page_that_links_every_doc():
 def test_configuration_page_lists_every_config_key():
     """Each section of the schema has a `## section` of docs/configuration.md whose table rows
     name every key (a corpus entry's keys as `train[].KEY` under data)."""
-    from seq2seq_cli.config import Config, CorpusConfig
+    from seq2seq_cli.config import Config, CorpusConfig, DistillConfig
 
     text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     sections = {"top level": Config, **{name: Config.model_fields[name].annotation for name in
-                                         ("data", "tokenizer", "model", "train", "decode")}}
+                                         ("data", "tokenizer", "model", "train", "decode")}, "distill": DistillConfig}
     missing = []
     for title, schema in sections.items():
         part = re.split(r"(?im)^## " + re.escape(title) + r"\s*$", text)[1].split("\n## ", 1)[0]

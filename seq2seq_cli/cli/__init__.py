@@ -107,6 +107,28 @@ def train(
 
 @app.command()
 @user_errors
+def distill(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    teacher: Annotated[str | None, typer.Option("--teacher", metavar="RUN", help="The teacher run (else the config's distill.teacher).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    report: Annotated[bool, typer.Option(help="End with the table of teacher against student on data.test.")] = True,
+) -> None:
+    """Train a student on a teacher's translations: the teacher translates the config's training sources (resumable), the student trains on them, a table compares the two."""
+    from seq2seq_cli.train.distill import distill as run_distillation
+
+    cfg = _load(config, [*(set_ or []), *([f"distill.teacher={teacher}"] if teacher else [])])
+    try:
+        done = run_distillation(cfg, progress=progress, log=lambda line: typer.echo(line, err=True), report=report)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if done.report is not None:
+        typer.echo(done.report)
+    typer.echo(str(done.run))
+
+
+@app.command()
+@user_errors
 def info(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config: the model it describes, vocabulary tokenizer.vocab_size.")] = None,
     set_: SetOpt = None,

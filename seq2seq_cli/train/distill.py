@@ -1,0 +1,296 @@
+"""Sequence-level distillation: a teacher run translates the sources of a student's training
+corpora, and the student trains on the teacher's translations (`seq2seq distill`).
+
+    STUDENT/distilled/train-N.jsonl            corpus N of the student's data.train, its targets
+                                               the teacher's translations ({SRC: ..., TGT: ...})
+    STUDENT/distilled/train-N.jsonl.partial    ... while the teacher's pass is under way,
+    STUDENT/distilled/train-N.progress.json    with how far it got (rows, bytes, teacher, sources)
+
+The teacher translates on its default path (the fastest: CTranslate2 with its shortlist where
+installed), lines cut into sentences as `evaluate` cuts them, in chunks; after each chunk the
+partial file is synced and the progress record replaced, so a pass stopped anywhere (Ctrl-C,
+SIGTERM, a killed process) resumes at the first row not yet recorded: a row is never
+translated twice, and bytes written after the record are cut off. A pass whose teacher
+weights or sources differ from the record starts over.
+
+The student is then an ordinary run: it takes the teacher's SentencePiece model (so the
+shortlist and the exports work unchanged), trains on the distilled corpora (each with its
+corpus's weight and tag, and the original corpora too at `distill.original_weight` of
+theirs), and resumes where it stopped when `distill` is run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from seq2seq_cli.config import Config, CorpusConfig
+from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import atomic_write_text
+from seq2seq_cli.layout import DISTILLED, RunLayout
+from seq2seq_cli.run import runlock
+from seq2seq_cli.run.loaded import RunFiles, open_run
+
+CHUNK = 512
+"""Rows translated between two progress records: what a stop can lose at most."""
+
+Translate = Callable[[list[str]], list[str]]
+
+
+@dataclass
+class Pass:
+    """The teacher's pass over one corpus: where its output goes and how far it got."""
+
+    final: Path
+    teacher: str  # the teacher checkpoint's weights sha256
+    sources: str  # sha256 of the corpus's source lines
+    rows: int
+
+    @property
+    def partial(self) -> Path:
+        return self.final.with_name(self.final.name + ".partial")
+
+    @property
+    def progress(self) -> Path:
+        return self.final.with_name(self.final.name.removesuffix(".jsonl") + ".progress.json")
+
+    def record(self, done: int, size: int) -> dict[str, object]:
+        return {"teacher_sha256": self.teacher, "sources_sha256": self.sources, "rows": self.rows, "done": done,
+                "bytes": size}
+
+    def resume_point(self, log: Callable[[str], None]) -> tuple[int, int]:
+        """(rows, bytes) already written by an earlier pass of this teacher over these sources;
+        (0, 0) where none was, or where it was another teacher's or other sources'."""
+        if not self.progress.is_file() or not self.partial.is_file():
+            return 0, 0
+        try:
+            kept = json.loads(self.progress.read_text(encoding="utf-8"))
+            done, size = int(kept["done"]), int(kept["bytes"])
+        except (ValueError, KeyError, TypeError):
+            log(f"{self.progress}: not a progress record; the teacher's pass starts over")
+            return 0, 0
+        if kept.get("teacher_sha256") != self.teacher or kept.get("sources_sha256") != self.sources:
+            log(f"{self.partial}: written by another teacher checkpoint or from other sources; the pass starts over")
+            return 0, 0
+        if self.partial.stat().st_size < size or not 0 <= done <= self.rows:
+            log(f"{self.partial}: shorter than its progress record; the teacher's pass starts over")
+            return 0, 0
+        return done, size
+
+    def complete(self) -> bool:
+        """Whether the final corpus exists and its record is this teacher's over these sources."""
+        if not self.final.is_file() or not self.progress.is_file():
+            return False
+        try:
+            kept = json.loads(self.progress.read_text(encoding="utf-8"))
+        except ValueError:
+            return False
+        return kept == self.record(self.rows, self.final.stat().st_size)
+
+
+def student_config(config: Config) -> tuple[Config, RunFiles]:
+    """`config` (a student's, with `distill.teacher`) checked against its teacher -> (the
+    config the student trains with: the teacher's tokenizer, the distilled corpora, the teacher run)."""
+    if config.distill is None or config.distill.teacher is None:
+        raise UserError(f"{config.where('distill', 'teacher')}: no teacher; give --teacher RUN or set distill.teacher")
+    teacher = open_run(config.distill.teacher)
+    tc = teacher.config
+    if tc.tokenizer.vocabulary != "sentencepiece":
+        raise UserError(f"{teacher.run_dir}: its vocabulary is a file of pieces (an imported model); a student "
+                        "learns from a run with a SentencePiece vocabulary")
+    if (tc.data.src_lang, tc.data.tgt_lang) != (config.data.src_lang, config.data.tgt_lang):
+        raise UserError(f"{config.where('data', 'src_lang')}: the student translates {config.data.src_lang} -> "
+                        f"{config.data.tgt_lang}, its teacher {teacher.run_dir} {tc.data.src_lang} -> {tc.data.tgt_lang}")
+    if config.data.format not in ("auto", "jsonl"):
+        raise UserError(f"{config.where('data', 'format')}: {config.data.format}; the distilled corpora are JSONL "
+                        "files, read with format auto (each file by its name)")
+    if config.run_path.resolve() == teacher.run_dir.resolve():
+        raise UserError(f"{config.where('run_dir')}: the student's run is its teacher's ({teacher.run_dir}); "
+                        "give the student a run of its own")
+    src_spm, tgt_spm = RunLayout(teacher.run_dir).spm_models(tc.tokenizer.joint)
+    tokenizer = tc.tokenizer.model_copy(update={
+        "src_model": str(src_spm), "tgt_model": None if tc.tokenizer.joint else str(tgt_spm),
+        "sampling": config.tokenizer.sampling, "alpha": config.tokenizer.alpha, "nbest": config.tokenizer.nbest})
+    corpora = []
+    for i, corpus in enumerate(config.data.corpora):
+        distilled = CorpusConfig(path=str(distilled_path(config, i)), weight=corpus.weight, tag=corpus.tag,
+                                 scores=corpus.scores, drop_lowest=corpus.drop_lowest)
+        corpora.append(distilled)
+    share = config.distill.original_weight
+    if share > 0:
+        corpora += [c.model_copy(update={"weight": c.weight * share}) for c in config.data.corpora]
+    data = config.data.model_copy(update={"train": corpora})
+    student = config.model_copy(update={"data": data, "tokenizer": tokenizer})
+    student._origin, student._lines = config._origin, config._lines
+    return student, teacher
+
+
+def distilled_path(config: Config, index: int) -> Path:
+    """STUDENT/distilled/train-N.jsonl: the distilled corpus N (from 1) of the student's data.train."""
+    return RunLayout(config.run_path).distilled / f"train-{index + 1}.jsonl"
+
+
+def teacher_passes(config: Config, teacher: RunFiles, translate: Translate, progress: bool = True,
+                   log: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """The teacher's translations of every training corpus of `config` (the student's config as
+    written, before `student_config`), each written by `teacher_pass`; their paths."""
+    from seq2seq_cli.data.formats import read_split
+
+    out = []
+    with runlock.hold(config.run_path, runlock.command_line()):
+        RunLayout(config.run_path).distilled.mkdir(parents=True, exist_ok=True)
+        for i, corpus in enumerate(config.data.corpora):
+            try:
+                pairs = read_split(config, corpus)
+            except UserError as exc:
+                raise UserError(f"{config.where('data', 'train', i) if isinstance(config.data.train, list) else config.where('data', 'train')}: {exc}") from None
+            sources = list(pairs["src"])
+            digest = hashlib.sha256("\n".join(sources).encode("utf-8", "surrogatepass")).hexdigest()
+            job = Pass(distilled_path(config, i), teacher.weights_sha256, digest, len(sources))
+            d = config.data
+            keys = (d.src_field or d.src_lang, d.tgt_field or d.tgt_lang)
+            teacher_pass(job, sources, keys, translate, progress, log)
+            out.append(job.final)
+    return out
+
+
+def teacher_pass(job: Pass, sources: list[str], keys: tuple[str, str], translate: Translate, progress: bool,
+                 log: Callable[[str], None]) -> None:
+    """Translate `sources` into `job.final` (JSONL rows {keys[0]: source, keys[1]: translation}),
+    resuming an earlier pass; see the module docstring."""
+    from tqdm import tqdm
+
+    if job.complete():
+        log(f"{job.final}: the teacher's translations of {job.rows:,} lines are there already")
+        return
+    done, size = job.resume_point(log)
+    if done:
+        log(f"{job.partial}: resuming the teacher's pass at line {done + 1:,} of {job.rows:,}")
+    with open(job.partial, "r+b" if done else "wb") as f:
+        f.truncate(size)
+        f.seek(size)
+        with tqdm(total=job.rows, initial=done, unit="line", desc=f"teacher -> {job.final.name}", disable=not progress,
+                  dynamic_ncols=True) as bar:
+            while done < job.rows:
+                chunk = sources[done:done + CHUNK]
+                hyps = translate(chunk)
+                f.write("".join(json.dumps({keys[0]: s, keys[1]: h}, ensure_ascii=False) + "\n"
+                                for s, h in zip(chunk, hyps, strict=True)).encode("utf-8", "surrogatepass"))
+                f.flush()
+                os.fsync(f.fileno())
+                done += len(chunk)
+                atomic_write_text(job.progress, json.dumps(job.record(done, f.tell())))
+                bar.update(len(chunk))
+    os.replace(job.partial, job.final)
+    atomic_write_text(job.progress, json.dumps(job.record(job.rows, job.final.stat().st_size)))
+    log(f"wrote {job.final}: the teacher's translations of {job.rows:,} lines")
+
+
+def teacher_translate(teacher: Path, beam_size: int | None) -> tuple[Translate, str]:
+    """The teacher's translate function on its default path (lines cut into sentences as
+    `evaluate` cuts them) and the path's description."""
+    import functools
+
+    from seq2seq_cli.decode.loading import load_translator
+    from seq2seq_cli.documents.lines import translate_sentences
+    from seq2seq_cli.documents.sentences import Splitter
+
+    overrides = {} if beam_size is None else {"beam_size": beam_size}
+    choice = load_translator([teacher], "auto", overrides)
+    t = choice.translator
+    return functools.partial(translate_sentences, t.translate, splitter=Splitter(t.languages[0])), choice.describe()
+
+
+@dataclass
+class Distilled:
+    run: Path
+    report: str | None  # the table of teacher against student (`distill_report.py`), None when not made
+
+
+def distill(config: Config, progress: bool = True, log: Callable[[str], None] = print,
+            translate: Translate | None = None, report: bool = True, repeat: int = 10) -> Distilled:
+    """The whole recipe: the teacher's passes, the student's tokenizer and data, its training
+    (resumed when the student run holds checkpoints), then with `report` and a data.test split
+    the table of teacher against student (written to STUDENT/distill_report.json; the test
+    split translated `repeat` times for the speed). `translate` replaces the teacher's own,
+    run in this process (tests); the teacher's own runs in a process of its own
+    (`separate_teacher_passes`)."""
+    from seq2seq_cli.run.tokenizing import train_tokenizer
+    from seq2seq_cli.train.loop import train
+
+    student, teacher = student_config(config)
+    if translate is None:
+        for line in separate_teacher_passes(config, progress):
+            log(line)
+    else:
+        teacher_passes(config, teacher, translate, progress, log)
+    resume = runlock.has_checkpoints(student.run_path)
+    if resume:
+        log(f"{student.run_path}: holds the student's checkpoints; training resumes")
+    else:
+        for path in train_tokenizer(student, log):
+            log(f"wrote {path}")
+    run = train(student, resume=resume, progress=progress, log=log)
+    if not report or student.data.test is None:
+        return Distilled(run, None)
+    from seq2seq_cli.data.formats import read_split
+    from seq2seq_cli.train import distill_report
+
+    test = read_split(student, student.data.test)
+    log(f"measuring teacher and student on the test split ({len(test):,} lines, x{repeat} for the speed)")
+    figures = distill_report.compare(teacher.run_dir, run, list(test["src"]), list(test["tgt"]), repeat)
+    distill_report.write_report(RunLayout(run).distill_report, figures)
+    return Distilled(run, distill_report.table(figures))
+
+
+def separate_teacher_passes(config: Config, progress: bool) -> list[str]:
+    """`teacher_passes` with the teacher's own translator, in a process of its own -> what it
+    logged. The student then trains in a process that never held the teacher's engine: its
+    OpenMP threads, which would slow torch's on the same cores, and its memory go with it.
+    Ctrl-C or SIGTERM stop both; the pass resumes where its last record says."""
+    import multiprocessing
+
+    from seq2seq_cli.fileio import terminate_as_interrupt
+
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    child = spawn.Process(target=_teacher_process, args=(config, progress, send), name="seq2seq-teacher")
+    child.start()
+    send.close()
+    try:
+        with terminate_as_interrupt():
+            child.join()
+    except BaseException:
+        child.terminate()
+        child.join()
+        raise
+    answer = receive.recv() if receive.poll() else None
+    if answer is None:
+        raise UserError(f"the teacher's pass stopped (exit code {child.exitcode}); run the command again: it resumes "
+                        "where the pass was last recorded")
+    if answer[0] == "interrupted":
+        raise KeyboardInterrupt
+    if answer[0] == "error":
+        raise UserError(answer[1])
+    return answer[1]
+
+
+def _teacher_process(config: Config, progress: bool, send) -> None:
+    """The spawned process of `separate_teacher_passes`: sends ("done", log lines), ("error",
+    message) or ("interrupted",)."""
+    said: list[str] = []
+    try:
+        assert config.distill is not None and config.distill.teacher is not None
+        teacher = open_run(config.distill.teacher)
+        translate, path = teacher_translate(teacher.run_dir, config.distill.beam_size)
+        said.append(f"teacher {teacher.run_dir}: {path}")
+        teacher_passes(config, teacher, translate, progress, said.append)
+        send.send(("done", said))
+    except UserError as exc:
+        send.send(("error", str(exc)))
+    except KeyboardInterrupt:
+        send.send(("interrupted",))

@@ -1,0 +1,186 @@
+"""`seq2seq distill`: the teacher's pass (written as it goes, resumed where it stopped, never
+translating a line twice), the student as an ordinary run on the teacher's tokenizer and
+translations, the report, and every refusal as one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from seq2seq_cli.cli import app
+from seq2seq_cli.config_load import load_config
+from seq2seq_cli.fileio import read_lines, sha256
+from seq2seq_cli.layout import RunLayout
+from seq2seq_cli.train import distill as distilling
+from helpers import REPO, documented_errors, one_error_line
+
+runner = CliRunner()
+
+
+def student_yaml(tmp_path: Path, corpus_dir: Path, teacher: Path | None, **train) -> Path:
+    """configs/student.yaml shrunk to the tiny corpus: a 2+1-layer student of `teacher`."""
+    raw = yaml.safe_load((REPO / "configs" / "student.yaml").read_text(encoding="utf-8"))
+    raw["run_dir"] = str(tmp_path / "student")
+    for split in ("train", "valid", "test"):
+        raw["data"][split] = str(corpus_dir / split)
+    raw["model"].update({"d_model": 32, "heads": 2, "ffn_size": 64, "encoder_layers": 2, "decoder_layers": 1})
+    raw["train"].update({"max_steps": 6, "valid_every": 3, "max_minutes": None, "tensorboard": False, "plot": False,
+                         "warmup_steps": 2, **train})
+    raw["distill"]["teacher"] = None if teacher is None else str(teacher)
+    path = tmp_path / "student.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+class Counting:
+    """A translate function that counts the lines it is given and stops the process (as Ctrl-C
+    does) at its call number `stop_at`."""
+
+    def __init__(self, translate, stop_at: int | None = None):
+        self.translate, self.stop_at, self.lines, self.calls = translate, stop_at, 0, 0
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt
+        self.lines += len(lines)
+        return self.translate(lines)
+
+
+@pytest.fixture
+def teacher_translate(tiny_run):
+    translate, path = distilling.teacher_translate(tiny_run, None)
+    assert "searched by" in path or "our searches" in path
+    return translate
+
+
+def test_an_interrupted_teachers_pass_resumes_without_translating_a_line_twice(
+        tiny_run, corpus_dir, tmp_path, teacher_translate, monkeypatch):
+    monkeypatch.setattr(distilling, "CHUNK", 64)
+    config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run))
+    _, teacher = distilling.student_config(config)
+    first = Counting(teacher_translate, stop_at=4)
+    with pytest.raises(KeyboardInterrupt):
+        distilling.teacher_passes(config, teacher, first, progress=False)
+    out = distilling.distilled_path(config, 0)
+    partial = out.with_name(out.name + ".partial")
+    assert first.lines == 3 * 64 and not out.exists()
+    assert len(read_lines(partial)) == 3 * 64
+    with open(partial, "ab") as f:  # a process killed while writing its 4th chunk leaves a torn row behind
+        f.write(b'{"es": "torn')
+    second = Counting(teacher_translate)
+    distilling.teacher_passes(config, teacher, second, progress=False)
+    assert first.lines + second.lines == 400  # the corpus's 400 lines, each once
+    resumed = [json.loads(line) for line in read_lines(out)]
+    assert [r["es"] for r in resumed] == read_lines(corpus_dir / "train.es")
+
+    again = tmp_path / "again"
+    again.mkdir()
+    whole = load_config(student_yaml(again, corpus_dir, tiny_run))
+    distilling.teacher_passes(whole, teacher, teacher_translate, progress=False)
+    assert read_lines(distilling.distilled_path(whole, 0)) == read_lines(out)  # as if never stopped
+    third = Counting(teacher_translate)
+    distilling.teacher_passes(config, teacher, third, progress=False)
+    assert third.lines == 0  # complete: nothing translated again
+
+
+def test_a_pass_of_another_teacher_starts_over(tiny_run, corpus_dir, tmp_path, teacher_translate, monkeypatch):
+    monkeypatch.setattr(distilling, "CHUNK", 100)
+    config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run))
+    _, teacher = distilling.student_config(config)
+    with pytest.raises(KeyboardInterrupt):
+        distilling.teacher_passes(config, teacher, Counting(teacher_translate, stop_at=2), progress=False)
+    teacher.weights_sha256 = "0" * 64  # the teacher trained on meanwhile
+    said: list[str] = []
+    fresh = Counting(teacher_translate)
+    distilling.teacher_passes(config, teacher, fresh, progress=False, log=said.append)
+    assert fresh.lines == 400
+    assert any("another teacher checkpoint" in line for line in said), said
+
+
+def test_the_student_is_an_ordinary_run_of_the_teachers_tokenizer_and_translations(tiny_run, corpus_dir, tmp_path):
+    cfg = student_yaml(tmp_path, corpus_dir, tiny_run)
+    result = runner.invoke(app, ["distill", "--config", str(cfg), "--no-progress", "--no-report"])
+    assert result.exit_code == 0, result.output
+    student = tmp_path / "student"
+    assert result.stdout.strip().splitlines()[-1] == str(student)
+    assert sha256(student / "spm.model") == sha256(tiny_run / "spm.model")
+    saved = load_config(student / "config.yaml")
+    assert saved.distill is not None and saved.distill.teacher == str(tiny_run)
+    assert [c.path for c in saved.data.corpora] == [str(student / "distilled" / "train-1.jsonl")]
+    assert (student / "shortlist.tsv").is_file() and RunLayout(student).best.is_file()
+    translated = runner.invoke(app, ["translate", "--model", str(student)], input="Y dijo Dios.\n")
+    assert translated.exit_code == 0 and len(translated.stdout.splitlines()) == 1, translated.output
+    # run again: nothing translated again, training resumes (at its end already) and stops
+    again = runner.invoke(app, ["distill", "--config", str(cfg), "--no-progress", "--no-report"])
+    assert again.exit_code == 0, again.output
+    assert "are there already" in again.stderr and "training resumes" in again.stderr
+
+
+def test_original_targets_join_at_their_share_of_the_weight(tiny_run, corpus_dir, tmp_path):
+    config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run), ["distill.original_weight=0.5"])
+    student, _ = distilling.student_config(config)
+    assert [(Path(c.path).name, c.weight) for c in student.data.corpora] == [("train-1.jsonl", 1.0), ("train", 0.5)]
+    assert student.tokenizer.src_model == str(tiny_run / "spm.model")
+
+
+def test_distill_ends_with_the_table_of_teacher_and_student(tiny_run, corpus_dir, tmp_path):
+    cfg = student_yaml(tmp_path, corpus_dir, tiny_run)
+    result = runner.invoke(app, ["distill", "--config", str(cfg), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "student" / "distill_report.json").read_text(encoding="utf-8"))
+    for role in ("teacher", "student"):
+        figures = report[role]
+        assert 0 <= figures["bleu"] <= 100 and figures["lines_per_s"] > 0 and figures["lone_ms"] > 0
+        assert 50 < figures["peak_rss_mb"] < 2000  # the translate command's own, not this process's
+        assert "translating with" in figures["path"]
+    assert report["teacher"]["size_mb"] == pytest.approx(RunLayout(tiny_run).best.stat().st_size / 1e6)
+    rows = result.stdout.splitlines()
+    assert rows[0].split() == ["teacher", "student", "student"]
+    assert any(r.startswith("test BLEU") for r in rows) and any(r.startswith("peak RSS") for r in rows)
+
+
+ERROR_CASES = {
+    "no-teacher": (lambda tmp, teacher: [], "distill.teacher", "give --teacher RUN"),
+    "not-a-run": (lambda tmp, teacher: ["--teacher", str(tmp / "nowhere")], "nowhere", "model not found"),
+    "own-teacher": (lambda tmp, teacher: ["--teacher", str(tmp / "student")], "its teacher"),
+    "other-languages": (lambda tmp, teacher: ["--teacher", str(teacher), "--set", "data.src_lang=fr"], "fr -> en",
+                        "es -> en"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_bad_distillation_is_one_line(case, tiny_run, corpus_dir, tmp_path):
+    make, *fragments = ERROR_CASES[case]
+    cfg = student_yaml(tmp_path, corpus_dir, None)
+    if case == "own-teacher":
+        shutil.copytree(tiny_run, tmp_path / "student")
+    if case == "other-languages":
+        for split in ("train", "valid", "test"):
+            shutil.copy(corpus_dir / f"{split}.es", corpus_dir / f"{split}.fr")
+    result = runner.invoke(app, ["distill", "--config", str(cfg), *make(tmp_path, tiny_run)])
+    one_error_line(result, *fragments)
+    assert not (tmp_path / "student" / "distilled").exists()
+
+
+def test_every_error_case_is_documented():
+    assert set(documented_errors("Distillation")) == set(ERROR_CASES)
+
+
+def test_the_table_says_how_many_times_faster_the_student_is():
+    from seq2seq_cli.train.distill_report import table
+
+    teacher = {"bleu": 22.0, "chrf": 44.0, "lines_per_s": 100.0, "lone_ms": 20.0, "size_mb": 20.0, "peak_rss_mb": 300.0,
+               "path": "translating with t"}
+    student = {"bleu": 21.5, "chrf": 44.5, "lines_per_s": 300.0, "lone_ms": 5.0, "size_mb": 10.0, "peak_rss_mb": 150.0,
+               "path": "translating with s"}
+    rows = {line.split("  ")[0]: line for line in table({"teacher": teacher, "student": student}).splitlines()}
+    assert rows["test BLEU"].endswith("-0.50") and rows["test chrF"].endswith("+0.50")
+    assert rows["lines/s, translate (whole command)"].endswith("3.00x as fast")
+    assert rows["one sentence alone, ms (median)"].endswith("4.00x as fast")
+    assert rows["checkpoint, MB"].endswith("0.50x") and rows["peak RSS of translate, MB"].endswith("0.50x")
