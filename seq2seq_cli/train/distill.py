@@ -31,7 +31,7 @@ from pathlib import Path
 from seq2seq_cli.config import Config, CorpusConfig
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
-from seq2seq_cli.layout import DISTILLED, RunLayout
+from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run import runlock
 from seq2seq_cli.run.loaded import RunFiles, open_run
 
@@ -147,7 +147,8 @@ def teacher_passes(config: Config, teacher: RunFiles, translate: Translate, prog
             try:
                 pairs = read_split(config, corpus)
             except UserError as exc:
-                raise UserError(f"{config.where('data', 'train', i) if isinstance(config.data.train, list) else config.where('data', 'train')}: {exc}") from None
+                where = config.where("data", "train", i) if isinstance(config.data.train, list) else config.where("data", "train")
+                raise UserError(f"{where}: {exc}") from None
             sources = list(pairs["src"])
             digest = hashlib.sha256("\n".join(sources).encode("utf-8", "surrogatepass")).hexdigest()
             job = Pass(distilled_path(config, i), teacher.weights_sha256, digest, len(sources))

@@ -128,7 +128,7 @@ def _commands():
 @pytest.mark.parametrize("width_from", ["terminal_width", "COLUMNS"])
 def test_help_prints_every_option_name_whole_at_80_columns(width_from):
     _, commands = _commands()
-    assert len(commands) == 10
+    assert len(commands) == 11
     for name, command in commands:
         if width_from == "terminal_width":
             r = runner.invoke(app, [name, "--help"], terminal_width=80)

@@ -12,12 +12,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from helpers import REPO, documented_errors, one_error_line
 from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
 from seq2seq_cli.fileio import read_lines, sha256
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.train import distill as distilling
-from helpers import REPO, documented_errors, one_error_line
 
 runner = CliRunner()
 
@@ -103,7 +103,8 @@ def test_a_pass_of_another_teacher_starts_over(tiny_run, corpus_dir, tmp_path, t
     assert any("another teacher checkpoint" in line for line in said), said
 
 
-def test_the_student_is_an_ordinary_run_of_the_teachers_tokenizer_and_translations(tiny_run, corpus_dir, tmp_path):
+def test_the_student_is_an_ordinary_run_of_the_teachers_tokenizer_and_translations(small_run, corpus_dir, tmp_path):
+    tiny_run = small_run  # a teacher that writes sentences
     cfg = student_yaml(tmp_path, corpus_dir, tiny_run)
     result = runner.invoke(app, ["distill", "--config", str(cfg), "--no-progress", "--no-report"])
     assert result.exit_code == 0, result.output
@@ -129,7 +130,8 @@ def test_original_targets_join_at_their_share_of_the_weight(tiny_run, corpus_dir
     assert student.tokenizer.src_model == str(tiny_run / "spm.model")
 
 
-def test_distill_ends_with_the_table_of_teacher_and_student(tiny_run, corpus_dir, tmp_path):
+def test_distill_ends_with_the_table_of_teacher_and_student(small_run, corpus_dir, tmp_path):
+    tiny_run = small_run  # a teacher that writes sentences
     cfg = student_yaml(tmp_path, corpus_dir, tiny_run)
     result = runner.invoke(app, ["distill", "--config", str(cfg), "--no-progress"])
     assert result.exit_code == 0, result.output
