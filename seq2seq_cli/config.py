@@ -225,6 +225,9 @@ class DistillConfig(Section):
         0.0, ge=0.0, allow_inf_nan=False,
         description="also train on the original targets, each corpus at this share of its weight; 0 = distilled only")
     beam_size: int | None = Field(None, ge=1, description="the teacher's beam; null = its own decode.beam_size")
+    init_from_teacher: bool = Field(
+        True, description="the student starts from the teacher's tensors of the same name and shape (embeddings, the "
+        "first layers of each stack); false = from random weights")
 
 
 class Config(Section):

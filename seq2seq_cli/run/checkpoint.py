@@ -241,6 +241,25 @@ def load_weights(model: Seq2SeqTransformer, path: Path, device: str | torch.devi
         )
 
 
+def load_matching(model: Seq2SeqTransformer, path: Path, device: str | torch.device = "cpu") -> tuple[int, int]:
+    """Copy into `model` every tensor of the checkpoint `path` that has a tensor of the same name
+    and shape in it (the embeddings and the first layers of each stack that both models have);
+    the others keep their values -> (tensors copied, tensors of the model)."""
+    import torch
+
+    own = model.state_dict()
+    copied = 0
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f, torch.no_grad():
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                if name in own and tuple(f.get_slice(name).get_shape()) == tuple(own[name].shape):
+                    own[name].copy_(f.get_tensor(name).to(device))
+                    copied += 1
+    except SafetensorError as exc:
+        raise UserError(f"{path}: cannot read its weights ({str(exc).splitlines()[0]})") from None
+    return copied, len(own)
+
+
 def check_compatible(path: Path, config: Config, src_vocab: int, tgt_vocab: int) -> None:
     """Refuse to resume from (or start from, with --init-from) a checkpoint of another
     architecture or vocabulary, or one that records another tokenizer than the run's, naming

@@ -235,7 +235,9 @@ def distill(config: Config, progress: bool = True, log: Callable[[str], None] = 
     else:
         for path in train_tokenizer(student, log):
             log(f"wrote {path}")
-    run = train(student, resume=resume, progress=progress, log=log)
+    assert student.distill is not None
+    warm = teacher.checkpoint if student.distill.init_from_teacher else None
+    run = train(student, resume=resume, progress=progress, log=log, warm_start=warm)
     if not report or student.data.test is None:
         return Distilled(run, None)
     from seq2seq_cli.data.formats import read_split

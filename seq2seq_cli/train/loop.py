@@ -324,16 +324,18 @@ def report_epoch(run: Run, state: TrainState, batches: BatchPlan) -> None:
 
 
 def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True,
-          overwrite: bool = False, init_from: str | Path | None = None) -> Path:
+          overwrite: bool = False, init_from: str | Path | None = None, warm_start: Path | None = None) -> Path:
     """Train the model a config describes; return the run directory. `init_from` (a run
     directory or checkpoint) starts from its weights instead of random ones: fine-tuning.
+    `warm_start` (a checkpoint of the same tokenizer) gives a fresh run its tensors that fit
+    (a student starting from its teacher's layers).
 
     Under torchrun every process calls this; see the module docstring."""
     limit_kernel_caches()
     procs, device = distributed.start(config.train.device)
     finished = False
     try:
-        run, state = setup_run(config, resume, procs, device, log, overwrite, init_from)
+        run, state = setup_run(config, resume, procs, device, log, overwrite, init_from, warm_start)
         config = run.config  # with --init-from, the architecture and tokenizer of the init run
         t = config.train
         state.started = state.window_start = time.time()

@@ -309,13 +309,15 @@ def copy_tokenizer(init: Init, config: Config, resume: bool) -> None:
 
 def setup_run(config: Config, resume: bool, procs: Processes, device: torch.device,
               log: Callable[[str], None] | None = None, overwrite: bool = False,
-              init_from: str | Path | None = None) -> tuple[Run, TrainState]:
+              init_from: str | Path | None = None, warm_start: Path | None = None) -> tuple[Run, TrainState]:
     """Everything a run needs before its loop: the run directory (locked for as long as the
     returned `Run` lives), data and tokenizer, model, optimizer and scaler, and the state to
     start from (fresh, or the checkpoint's with --resume; --overwrite starts over).
     With `init_from` the model starts from that run's weights, with its architecture and
     tokenizer, and a fresh optimizer, schedule and step count; --resume then continues from
-    this run's own checkpoints."""
+    this run's own checkpoints. With `warm_start` (a checkpoint of a model with the same
+    tokenizer, such as a student's teacher) a fresh run starts from its tensors that fit
+    (`checkpoint.load_matching`), the rest initialised as usual."""
     log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
     log = log if procs.main else (lambda msg: None)  # only the main process logs
     init = None
@@ -324,7 +326,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
     lock = claim_run_dir(config, resume, overwrite, procs, log)
     try:
         distributed.check_shared(procs, config.run_path)
-        run, state = build_run(config, resume, procs, device, log, init)
+        run, state = build_run(config, resume, procs, device, log, init, warm_start)
     except BaseException:
         if lock is not None:
             runlock.release(lock)
@@ -335,7 +337,7 @@ def setup_run(config: Config, resume: bool, procs: Processes, device: torch.devi
 
 
 def build_run(config: Config, resume: bool, procs: Processes, device: torch.device,
-              log: Callable[[str], None], init: Init | None = None) -> tuple[Run, TrainState]:
+              log: Callable[[str], None], init: Init | None = None, warm_start: Path | None = None) -> tuple[Run, TrainState]:
     """The body of `setup_run`, in a run directory already claimed."""
     t = config.train
     config.run_path.mkdir(parents=True, exist_ok=True)
@@ -366,6 +368,9 @@ def build_run(config: Config, resume: bool, procs: Processes, device: torch.devi
         ckpt.check_compatible(init.weights, config, data.src_sp.get_piece_size(), data.tgt_sp.get_piece_size())
         ckpt.load_weights(model, init.weights, device)
         log(f"initialised from {init.weights}; fresh optimizer and schedule from step 0")
+    elif warm_start is not None and not resume:
+        copied, total = ckpt.load_matching(model, warm_start, device)
+        log(f"{copied} of {total} tensors start from {warm_start} (those of the same name and shape); the rest as initialised")
     average = averaged_copy(model, t.ema_decay) if t.ema_decay else None
     state = resume_state(config, model, average, optimizer, scaler, data, procs, device, log) if resume else TrainState()
 

@@ -186,3 +186,28 @@ def test_the_table_says_how_many_times_faster_the_student_is():
     assert rows["lines/s, translate (whole command)"].endswith("3.00x as fast")
     assert rows["one sentence alone, ms (median)"].endswith("4.00x as fast")
     assert rows["checkpoint, MB"].endswith("0.50x") and rows["peak RSS of translate, MB"].endswith("0.50x")
+
+
+def test_a_student_starts_from_the_teachers_tensors_that_fit(tmp_path):
+    import torch
+
+    from conftest import tiny_model
+    from safetensors.torch import save_file
+
+    from seq2seq_cli.run.checkpoint import load_matching
+
+    teacher = tiny_model(seed=1, encoder_layers=2, decoder_layers=2)
+    student = tiny_model(seed=2, encoder_layers=3, decoder_layers=1)
+    path = tmp_path / "teacher.safetensors"
+    # as a checkpoint holds them: the tied target embedding is the source one
+    save_file({k: v.contiguous() for k, v in teacher.state_dict().items() if k != "tgt_embed.tokens.weight"}, str(path))
+    fresh = {k: v.clone() for k, v in student.state_dict().items()}
+    copied, total = load_matching(student, path)
+    after, given = student.state_dict(), teacher.state_dict()
+    for name, value in after.items():
+        if name.startswith(("encoder.0.", "encoder.1.", "decoder.0.", "src_embed.", "tgt_embed.")):
+            assert torch.equal(value, given[name]), name
+        else:  # the third encoder layer, the teacher's second decoder layer has no place here
+            assert torch.equal(value, fresh[name]), name
+    assert copied == sum(1 for n in after if n in given and n.startswith(("encoder.0.", "encoder.1.", "decoder.0.", "src_embed.tokens")))
+    assert total == len(after) and 0 < copied < total
