@@ -190,10 +190,9 @@ def test_the_table_says_how_many_times_faster_the_student_is():
 
 def test_a_student_starts_from_the_teachers_tensors_that_fit(tmp_path):
     import torch
-
-    from conftest import tiny_model
     from safetensors.torch import save_file
 
+    from conftest import tiny_model
     from seq2seq_cli.run.checkpoint import load_matching
 
     teacher = tiny_model(seed=1, encoder_layers=2, decoder_layers=2)
@@ -209,5 +208,6 @@ def test_a_student_starts_from_the_teachers_tensors_that_fit(tmp_path):
             assert torch.equal(value, given[name]), name
         else:  # the third encoder layer, the teacher's second decoder layer has no place here
             assert torch.equal(value, fresh[name]), name
-    assert copied == sum(1 for n in after if n in given and n.startswith(("encoder.0.", "encoder.1.", "decoder.0.", "src_embed.tokens")))
+    shared = ("encoder.0.", "encoder.1.", "decoder.0.", "src_embed.tokens")
+    assert copied == sum(1 for n in after if n in given and n.startswith(shared))
     assert total == len(after) and 0 < copied < total
