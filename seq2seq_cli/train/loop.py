@@ -326,10 +326,8 @@ def report_epoch(run: Run, state: TrainState, batches: BatchPlan) -> None:
 def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True,
           overwrite: bool = False, init_from: str | Path | None = None, warm_start: Path | None = None) -> Path:
     """Train the model a config describes; return the run directory. `init_from` (a run
-    directory or checkpoint) starts from its weights instead of random ones: fine-tuning.
-    `warm_start` (a checkpoint of the same tokenizer) gives a fresh run its tensors that fit
-    (a student starting from its teacher's layers).
-
+    directory or checkpoint) starts from its weights instead of random ones: fine-tuning;
+    `warm_start` gives a fresh run the tensors of a checkpoint that fit (a student, its teacher's).
     Under torchrun every process calls this; see the module docstring."""
     limit_kernel_caches()
     procs, device = distributed.start(config.train.device)
