@@ -125,6 +125,10 @@ class FiltersConfig(Section):
     langid: bool = Field(True, description="drop pairs with a side not in its language (py3langid, data.src_lang/tgt_lang)")
     langid_min_prob: float = Field(
         0.05, gt=0.0, lt=1.0, description="a side is in its language unless the identifier gives it less than this probability")
+    cooccurrence: float | None = Field(
+        0.33, gt=0.0, lt=1.0,
+        description="drop pairs whose words go together less than this share of the corpus's median pair "
+        "(word co-occurrence across the corpus: finds misaligned pairs; null: off)")
     duplicates: Literal["off", "exact", "normalized"] = Field(
         "exact", description="drop repeated pairs: exact, or after lower-casing and removing punctuation and spaces")
 

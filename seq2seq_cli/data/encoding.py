@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,13 +136,35 @@ def column_values(table, name: str, dtype, release: Callable[[], None] | None = 
     return out
 
 
+def _text_batches(encoded, release: Callable[[], None] | None) -> Callable[[], Iterator[tuple[np.ndarray, list, list]]]:
+    """The row numbers, sources and targets of an encoded split, batch by batch (pages released as it goes)."""
+    table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
+
+    def batches() -> Iterator[tuple[np.ndarray, list, list]]:
+        start = 0
+        for i, batch in enumerate(table.select(["src", "tgt"]).to_batches(max_chunksize=ENCODE_BATCH)):
+            yield np.arange(start, start + len(batch)), batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            start += len(batch)
+            if release is not None and i % 64 == 63:
+                release()
+
+    return batches
+
+
 def _keep(encoded, dedup: str | bool, release: Callable[[], None] | None = None,
-          scores: tuple[Any, float] | None = None) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
+          scores: tuple[Any, float] | None = None,
+          cooccurrence: float | None = None) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
     """Indices of the rows that survive the filters, how many each filter dropped (every
-    filter of `ORDER` named, 0 where none), and each row's drop code. `scores`: (the corpus's
-    scores, the lowest share to drop); then duplicates, among the rows still kept."""
+    filter of `ORDER` named, 0 where none), and each row's drop code. Then, among the rows
+    still kept: `cooccurrence` (the share of the median pair's co-occurrence score below which
+    a pair goes), `scores` ((the corpus's scores, the lowest share to drop)), duplicates."""
     drop = column_values(encoded.data, "_drop", encoded.data.column("_drop").type.to_pandas_dtype(), release)
     drop = drop.astype(np.int8)
+    if cooccurrence:
+        from seq2seq_cli.data.cooccurrence import low_pairs
+
+        drop[low_pairs(_text_batches(encoded, release), np.flatnonzero(drop == int(Drop.KEPT)), cooccurrence)] = \
+            int(Drop.COOCCURRENCE)
     if scores is not None:
         values, share = np.asarray(scores[0], dtype=np.float64), scores[1]
         lowest = np.argsort(values, kind="stable")[: int(share * len(values))]
@@ -347,7 +369,7 @@ def _build(config, value: SplitValue, source: Source, src_sp, tgt_sp, filters: F
             _empty_error(encoded, source, (d.src_lang, d.tgt_lang))
         if scores is not None:
             scores = (read_scores(scores[0], len(encoded), str(value)), scores[1])
-        keep, dropped, drop = _keep(encoded, filters.dedup, release, scores)
+        keep, dropped, drop = _keep(encoded, filters.dedup, release, scores, filters.cooccurrence)
         release()
         out = build / "dataset"
         out.mkdir()

@@ -5,7 +5,8 @@ Each pair is dropped by the first filter that rejects it, in the order of `Drop`
 under that filter's name. The text filters follow OpusCleaner's (max_length, src_trg_ratio,
 num_mismatch, url_mismatch, alpha_ratio, language identification); duplicates are found after
 the pass, from one 8-byte hash per pair; a score file (`seq2seq score`) drops the lowest
-share of a corpus (`scored`).
+share of a corpus (`scored`); the pairs whose words do not go together, by the corpus's own
+co-occurrence (`cooccurrence`), are also found after the pass.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Drop(enum.IntEnum):
     REPEATS = 12
     LANGID = 13
     SCORE = 14
+    COOCCURRENCE = 15
 
     @property
     def key(self) -> str:
@@ -48,7 +50,8 @@ class Drop(enum.IntEnum):
 
 # the order in which the filters are tried (and listed in reports): the first to reject a pair drops it
 ORDER = (Drop.EMPTY, Drop.CONTROL, Drop.SAME, Drop.TOO_LONG, Drop.LONG_WORDS, Drop.RATIO, Drop.LENGTH_RATIO,
-         Drop.NUMBERS, Drop.URLS, Drop.ALPHA, Drop.REPEATS, Drop.LANGID, Drop.SCORE, Drop.DUPLICATE)
+         Drop.NUMBERS, Drop.URLS, Drop.ALPHA, Drop.REPEATS, Drop.LANGID, Drop.COOCCURRENCE, Drop.SCORE,
+         Drop.DUPLICATE)
 
 DESCRIPTIONS = {
     Drop.EMPTY: "an empty side",
@@ -63,6 +66,7 @@ DESCRIPTIONS = {
     Drop.ALPHA: "too few letters",
     Drop.REPEATS: "repeated words",
     Drop.LANGID: "not in its language",
+    Drop.COOCCURRENCE: "words that do not go together",
     Drop.SCORE: "lowest scores",
     Drop.DUPLICATE: "duplicates",
 }
@@ -88,6 +92,7 @@ class Filters:
     max_repeats: int | None = None
     langs: tuple[str, str] = ("", "")
     langid_min_prob: float = 0.05
+    cooccurrence: float | None = None  # drop pairs scoring below this share of the median (`cooccurrence`)
 
 
 def training_filters(d) -> Filters:
@@ -102,7 +107,7 @@ def training_filters(d) -> Filters:
         dedup = f.duplicates
     langs = (identifier_code(d.src_lang), identifier_code(d.tgt_lang)) if f.langid else ("", "")
     return Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, dedup, f.control, f.same, f.max_words, f.length_ratio,
-                   f.numbers, f.urls, f.min_alpha, f.max_repeats, langs, f.langid_min_prob)
+                   f.numbers, f.urls, f.min_alpha, f.max_repeats, langs, f.langid_min_prob, f.cooccurrence)
 
 
 def active(f: Filters, scored: bool = False) -> set[Drop]:
@@ -111,7 +116,7 @@ def active(f: Filters, scored: bool = False) -> set[Drop]:
           Drop.TOO_LONG: bool(f.max_src_len or f.max_tgt_len), Drop.LONG_WORDS: bool(f.max_words),
           Drop.RATIO: bool(f.max_len_ratio), Drop.LENGTH_RATIO: bool(f.length_ratio), Drop.NUMBERS: f.numbers,
           Drop.URLS: f.urls, Drop.ALPHA: bool(f.min_alpha), Drop.REPEATS: bool(f.max_repeats), Drop.LANGID: any(f.langs),
-          Drop.SCORE: scored, Drop.DUPLICATE: f.dedup != "off"}
+          Drop.COOCCURRENCE: bool(f.cooccurrence), Drop.SCORE: scored, Drop.DUPLICATE: f.dedup != "off"}
     return {code for code, yes in on.items() if yes}
 
 
@@ -179,7 +184,8 @@ def _repeats(times: int) -> re.Pattern[str]:
 
 
 def check_pair(src: str, tgt: str, ls: int, lt: int, f: Filters) -> Drop:
-    """The first filter that rejects the pair (text `src`, `tgt`; `ls`, `lt` subwords), or KEPT."""
+    """The first filter that rejects the pair (text `src`, `tgt`; `ls`, `lt` subwords), or KEPT
+    (co-occurrence, scores and duplicates are found across pairs, after this)."""
     if not ls or not lt:
         return Drop.EMPTY
     if f.control and any(CONTROL.search(t) or MARKUP.search(t) for t in (src, tgt)):

@@ -38,11 +38,14 @@ def measure(run: Path, sources: list[str], refs: list[str], repeat: int, workdir
 
     src, out, err = workdir / "test.src", workdir / f"{run.name}.hyp", workdir / f"{run.name}.log"
     write_lines(src, sources * repeat)
-    command = [sys.executable, "-m", "seq2seq_cli", "translate", "--model", str(run), "-i", str(src), "-o", str(out),
+    # this process's package, not one the working directory happens to hold (-P: no cwd on sys.path)
+    command = [sys.executable, "-P", "-m", "seq2seq_cli", "translate", "--model", str(run), "-i", str(src), "-o", str(out),
                "--no-progress"]
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with open(err, "wb") as log:
         start = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)

@@ -130,9 +130,13 @@ def test_original_targets_join_at_their_share_of_the_weight(tiny_run, corpus_dir
     assert student.tokenizer.src_model == str(tiny_run / "spm.model")
 
 
-def test_distill_ends_with_the_table_of_teacher_and_student(small_run, corpus_dir, tmp_path):
+def test_distill_ends_with_the_table_of_teacher_and_student(small_run, corpus_dir, tmp_path, monkeypatch):
     tiny_run = small_run  # a teacher that writes sentences
     cfg = student_yaml(tmp_path, corpus_dir, tiny_run)
+    other = tmp_path / "elsewhere" / "seq2seq_cli"  # another checkout in the working directory is not what measures
+    other.mkdir(parents=True)
+    (other / "__main__.py").write_text("raise SystemExit('not this package')\n", encoding="utf-8")
+    monkeypatch.chdir(other.parent)
     result = runner.invoke(app, ["distill", "--config", str(cfg), "--no-progress"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "student" / "distill_report.json").read_text(encoding="utf-8"))
