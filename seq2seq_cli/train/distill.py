@@ -62,15 +62,24 @@ class Pass:
         return {"teacher_sha256": self.teacher, "sources_sha256": self.sources, "rows": self.rows, "done": done,
                 "bytes": size}
 
+    def _kept(self) -> dict | None:
+        """The progress record on disk, or None where there is none or it is unreadable."""
+        try:
+            kept = json.loads(self.progress.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return kept if isinstance(kept, dict) else None
+
     def resume_point(self, log: Callable[[str], None]) -> tuple[int, int]:
         """(rows, bytes) already written by an earlier pass of this teacher over these sources;
         (0, 0) where none was, or where it was another teacher's or other sources'."""
         if not self.progress.is_file() or not self.partial.is_file():
             return 0, 0
+        kept = self._kept()
         try:
-            kept = json.loads(self.progress.read_text(encoding="utf-8"))
+            assert kept is not None
             done, size = int(kept["done"]), int(kept["bytes"])
-        except (ValueError, KeyError, TypeError):
+        except (AssertionError, ValueError, KeyError, TypeError):
             log(f"{self.progress}: not a progress record; the teacher's pass starts over")
             return 0, 0
         if kept.get("teacher_sha256") != self.teacher or kept.get("sources_sha256") != self.sources:
@@ -83,13 +92,30 @@ class Pass:
 
     def complete(self) -> bool:
         """Whether the final corpus exists and its record is this teacher's over these sources."""
-        if not self.final.is_file() or not self.progress.is_file():
-            return False
-        try:
-            kept = json.loads(self.progress.read_text(encoding="utf-8"))
-        except ValueError:
-            return False
-        return kept == self.record(self.rows, self.final.stat().st_size)
+        return self.final.is_file() and self._kept() == self.record(self.rows, self.final.stat().st_size)
+
+
+class Sources:
+    """The source lines of a corpus read by `read_split`, taken from its Arrow table a chunk at
+    a time (a corpus of millions of lines is never held as Python strings all at once)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset.select_columns(["src"])
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, rows: slice) -> list[str]:
+        start, stop, _ = rows.indices(len(self.dataset))
+        return self.dataset[start:stop]["src"] if stop > start else []
+
+    def sha256(self) -> str:
+        """sha256 of the lines joined by newlines, read a chunk at a time."""
+        h = hashlib.sha256()
+        for start in range(0, len(self), 65536):
+            lines = self[start:start + 65536]
+            h.update(("\n" if start else "").encode() + "\n".join(lines).encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
 
 
 def student_config(config: Config) -> tuple[Config, RunFiles]:
@@ -149,9 +175,8 @@ def teacher_passes(config: Config, teacher: RunFiles, translate: Translate, prog
             except UserError as exc:
                 where = config.where("data", "train", i) if isinstance(config.data.train, list) else config.where("data", "train")
                 raise UserError(f"{where}: {exc}") from None
-            sources = list(pairs["src"])
-            digest = hashlib.sha256("\n".join(sources).encode("utf-8", "surrogatepass")).hexdigest()
-            job = Pass(distilled_path(config, i), teacher.weights_sha256, digest, len(sources))
+            sources = Sources(pairs)
+            job = Pass(distilled_path(config, i), teacher.weights_sha256, sources.sha256(), len(sources))
             d = config.data
             keys = (d.src_field or d.src_lang, d.tgt_field or d.tgt_lang)
             teacher_pass(job, sources, keys, translate, progress, log)
@@ -159,7 +184,7 @@ def teacher_passes(config: Config, teacher: RunFiles, translate: Translate, prog
     return out
 
 
-def teacher_pass(job: Pass, sources: list[str], keys: tuple[str, str], translate: Translate, progress: bool,
+def teacher_pass(job: Pass, sources: Sources | list[str], keys: tuple[str, str], translate: Translate, progress: bool,
                  log: Callable[[str], None]) -> None:
     """Translate `sources` into `job.final` (JSONL rows {keys[0]: source, keys[1]: translation}),
     resuming an earlier pass; see the module docstring."""

@@ -215,3 +215,14 @@ def test_a_student_starts_from_the_teachers_tensors_that_fit(tmp_path):
     shared = ("encoder.0.", "encoder.1.", "decoder.0.", "src_embed.tokens")
     assert copied == sum(1 for n in after if n in given and n.startswith(shared))
     assert total == len(after) and 0 < copied < total
+
+
+def test_the_sources_are_read_a_chunk_at_a_time_and_hashed_as_one_text():
+    import hashlib
+
+    import datasets
+
+    lines = [f"línea {i}" for i in range(70_000)]
+    sources = distilling.Sources(datasets.Dataset.from_dict({"src": lines, "tgt": lines}).select(range(3, 70_000)))
+    assert len(sources) == 69_997 and sources[0:2] == lines[3:5] and sources[69_990:80_000] == lines[69_993:]
+    assert sources.sha256() == hashlib.sha256("\n".join(lines[3:]).encode()).hexdigest()
