@@ -88,6 +88,22 @@ class Counts:
         return min(sides) if len(sides) == 2 else float("nan")
 
 
+def text_batches(table, size: int, release: Callable[[], None] | None = None) -> Batches:
+    """`low_pairs`' reader of an Arrow table with `src` and `tgt` columns: the row numbers, sources
+    and targets, `size` rows at a time (`release`, when given, called every 64 batches to drop
+    the pages read from a memory-mapped table)."""
+
+    def batches() -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
+        start = 0
+        for i, batch in enumerate(table.select(["src", "tgt"]).to_batches(max_chunksize=size)):
+            yield np.arange(start, start + len(batch)), batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            start += len(batch)
+            if release is not None and i % 64 == 63:
+                release()
+
+    return batches
+
+
 def low_pairs(batches: Batches, rows: np.ndarray, share: float) -> np.ndarray:
     """The rows (of `rows`, the pairs still kept) whose score is below `share` of the median
     score of those rows; none when fewer than MIN_PAIRS. `batches()` yields (the row numbers,

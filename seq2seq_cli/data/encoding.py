@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,21 +136,6 @@ def column_values(table, name: str, dtype, release: Callable[[], None] | None = 
     return out
 
 
-def _text_batches(encoded, release: Callable[[], None] | None) -> Callable[[], Iterator[tuple[np.ndarray, list, list]]]:
-    """The row numbers, sources and targets of an encoded split, batch by batch (pages released as it goes)."""
-    table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
-
-    def batches() -> Iterator[tuple[np.ndarray, list, list]]:
-        start = 0
-        for i, batch in enumerate(table.select(["src", "tgt"]).to_batches(max_chunksize=ENCODE_BATCH)):
-            yield np.arange(start, start + len(batch)), batch.column(0).to_pylist(), batch.column(1).to_pylist()
-            start += len(batch)
-            if release is not None and i % 64 == 63:
-                release()
-
-    return batches
-
-
 def _keep(encoded, dedup: str | bool, release: Callable[[], None] | None = None,
           scores: tuple[Any, float] | None = None,
           cooccurrence: float | None = None) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
@@ -161,9 +146,10 @@ def _keep(encoded, dedup: str | bool, release: Callable[[], None] | None = None,
     drop = column_values(encoded.data, "_drop", encoded.data.column("_drop").type.to_pandas_dtype(), release)
     drop = drop.astype(np.int8)
     if cooccurrence:
-        from seq2seq_cli.data.cooccurrence import low_pairs
+        from seq2seq_cli.data.cooccurrence import low_pairs, text_batches
 
-        drop[low_pairs(_text_batches(encoded, release), np.flatnonzero(drop == int(Drop.KEPT)), cooccurrence)] = \
+        table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
+        drop[low_pairs(text_batches(table, ENCODE_BATCH, release), np.flatnonzero(drop == int(Drop.KEPT)), cooccurrence)] = \
             int(Drop.COOCCURRENCE)
     if scores is not None:
         values, share = np.asarray(scores[0], dtype=np.float64), scores[1]
