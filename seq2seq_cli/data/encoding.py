@@ -136,6 +136,11 @@ def column_values(table, name: str, dtype, release: Callable[[], None] | None = 
     return out
 
 
+def _arrow(encoded) -> pa.Table:
+    """The pyarrow table under an encoded `datasets.Dataset`."""
+    return encoded.data.table if hasattr(encoded.data, "table") else encoded.data
+
+
 def _keep(encoded, dedup: str | bool, release: Callable[[], None] | None = None,
           scores: tuple[Any, float] | None = None,
           cooccurrence: float | None = None) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
@@ -148,9 +153,8 @@ def _keep(encoded, dedup: str | bool, release: Callable[[], None] | None = None,
     if cooccurrence:
         from seq2seq_cli.data.cooccurrence import low_pairs, text_batches
 
-        table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
-        drop[low_pairs(text_batches(table, ENCODE_BATCH, release), np.flatnonzero(drop == int(Drop.KEPT)), cooccurrence)] = \
-            int(Drop.COOCCURRENCE)
+        kept = np.flatnonzero(drop == int(Drop.KEPT))
+        drop[low_pairs(text_batches(_arrow(encoded), ENCODE_BATCH, release), kept, cooccurrence)] = int(Drop.COOCCURRENCE)
     if scores is not None:
         values, share = np.asarray(scores[0], dtype=np.float64), scores[1]
         lowest = np.argsort(values, kind="stable")[: int(share * len(values))]
@@ -203,8 +207,7 @@ def _write_kept(encoded, keep: np.ndarray, path: Path, release: Callable[[], Non
     Arrow file one record batch at a time, releasing the pages read as it goes."""
     mask = np.zeros(len(encoded), dtype=bool)
     mask[keep] = True
-    table = encoded.data.table if hasattr(encoded.data, "table") else encoded.data
-    table = table.drop_columns(["_drop", "_hash"]).replace_schema_metadata(None)
+    table = _arrow(encoded).drop_columns(["_drop", "_hash"]).replace_schema_metadata(None)
     start = 0
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         for i, batch in enumerate(table.to_batches(max_chunksize=ENCODE_BATCH)):
@@ -361,7 +364,7 @@ def _build(config, value: SplitValue, source: Source, src_sp, tgt_sp, filters: F
         out.mkdir()
         _write_kept(encoded, keep, out / PAIRS_FILE, release)
         data = encoded.data
-        write_dropped(data.table if hasattr(data, "table") else data, drop, out / DROPPED_FILE, release)
+        write_dropped(_arrow(encoded), drop, out / DROPPED_FILE, release)
         numbers = split_stats(drop, *(column_values(data, name, np.int32, release) for name in ("src_len", "tgt_len")))
         numbers.update({"pairs": len(keep), "dropped": dropped, "source": source.record(), "corpus": str(value)})
         (out / "stats.json").write_text(json.dumps(numbers))

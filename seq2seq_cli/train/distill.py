@@ -75,11 +75,10 @@ class Pass:
         (0, 0) where none was, or where it was another teacher's or other sources'."""
         if not self.progress.is_file() or not self.partial.is_file():
             return 0, 0
-        kept = self._kept()
+        kept = self._kept() or {}
         try:
-            assert kept is not None
             done, size = int(kept["done"]), int(kept["bytes"])
-        except (AssertionError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             log(f"{self.progress}: not a progress record; the teacher's pass starts over")
             return 0, 0
         if kept.get("teacher_sha256") != self.teacher or kept.get("sources_sha256") != self.sources:
