@@ -222,12 +222,22 @@ class DistillConfig(Section):
 
     teacher: str | None = Field(None, description="the run whose translations of the training sources the student learns")
     original_weight: float = Field(
-        0.0, ge=0.0, allow_inf_nan=False,
+        1.0, ge=0.0, allow_inf_nan=False,
         description="also train on the original targets, each corpus at this share of its weight; 0 = distilled only")
-    beam_size: int | None = Field(None, ge=1, description="the teacher's beam; null = its own decode.beam_size")
+    beam_size: int | None = Field(None, ge=1, description="the teacher's beam; null = its own decode.beam_size, "
+                                  "raised to nbest")
+    nbest: int = Field(
+        8, ge=1, description="the teacher's n best translations of each line; above 1 the one closest to the line's "
+        "original target (chrF) is kept; 1 = the teacher's best")
     init_from_teacher: bool = Field(
         True, description="the student starts from the teacher's tensors of the same name and shape (embeddings, the "
         "first layers of each stack); false = from random weights")
+
+    @model_validator(mode="after")
+    def _beam_holds_nbest(self) -> DistillConfig:
+        if self.beam_size is not None and self.beam_size < self.nbest:
+            raise ValueError(f"beam_size ({self.beam_size}) is below nbest ({self.nbest}): the beam holds the n best")
+        return self
 
 
 class Config(Section):

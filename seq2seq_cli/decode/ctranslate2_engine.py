@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # decoding_precision -> CTranslate2's name
 
 
-def why_not(opts: DecodeConfig, nbest: int) -> str | None:
-    """None when CTranslate2 decodes with these options as our search does, else why not."""
+def why_not(opts: DecodeConfig, nbest: int, any_nbest: bool = False) -> str | None:
+    """None when CTranslate2 decodes with these options as our search does, else why not;
+    `any_nbest`: its own n-best lists will do (`CTranslate2Engine.any_nbest`)."""
     if opts.sampling:
         return "sampling draws from each line's own seeded generator"
     if opts.length_penalty_type != "average":
@@ -58,7 +59,7 @@ def why_not(opts: DecodeConfig, nbest: int) -> str | None:
         return "CTranslate2 bans UNK before the softmax, our search after it"
     if opts.min_len:
         return "CTranslate2 holds back the end of sentence otherwise (other outputs for 7 sentences in 12 at min_len 12)"
-    if nbest > 1:
+    if nbest > 1 and not any_nbest:
         return "CTranslate2 gathers the finished hypotheses of an n-best list otherwise (the best one is the same)"
     return None
 
@@ -76,10 +77,11 @@ class CTranslate2Engine:
     use_vmap: bool = False  # decode.shortlist: the run's shortlist, loaded as the model's vocabulary map
     batches: Any = None  # ctranslate2.Translator for several sentences: `workers` of one thread each; None: `translator`
     workers: int = 1
+    any_nbest: bool = False  # its own n-best lists will do (a teacher's for `distill`): n-best lines decode here too
     _empty: list[float] = field(default_factory=list)  # see `empty_log_prob`
 
     def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
-        return why_not(opts, nbest)
+        return why_not(opts, nbest, self.any_nbest)
 
     def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
         limits = [output_limit(len(s), self.cap, opts.max_len_a, opts.max_len_b) for s in ids]

@@ -4,14 +4,16 @@ corpora, and the student trains on the teacher's translations (`seq2seq distill`
     STUDENT/distilled/train-N.jsonl            corpus N of the student's data.train, its targets
                                                the teacher's translations ({SRC: ..., TGT: ...})
     STUDENT/distilled/train-N.jsonl.partial    ... while the teacher's pass is under way,
-    STUDENT/distilled/train-N.progress.json    with how far it got (rows, bytes, teacher, sources)
+    STUDENT/distilled/train-N.progress.json    with how far it got (rows, bytes, teacher, sources, nbest)
 
 The teacher translates on its default path (the fastest: CTranslate2 with its shortlist where
-installed), lines cut into sentences as `evaluate` cuts them, in chunks; after each chunk the
+installed), lines cut into sentences as `evaluate` cuts them, in chunks; with `distill.nbest` > 1
+each line's translation is the one of its n best closest to the line's original target
+(`distill_choice.py`). After each chunk the
 partial file is synced and the progress record replaced, so a pass stopped anywhere (Ctrl-C,
 SIGTERM, a killed process) resumes at the first row not yet recorded: a row is never
 translated twice, and bytes written after the record are cut off. A pass whose teacher
-weights or sources differ from the record starts over.
+weights, sources or nbest differ from the record starts over.
 
 The student is then an ordinary run: it takes the teacher's SentencePiece model (so the
 shortlist and the exports work unchanged), trains on the distilled corpora (each with its
@@ -38,7 +40,8 @@ from seq2seq_cli.run.loaded import RunFiles, open_run
 CHUNK = 512
 """Rows translated between two progress records: what a stop can lose at most."""
 
-Translate = Callable[[list[str]], list[str]]
+Translate = Callable[[list[str], list[str]], list[str]]
+"""(source lines, their original targets) -> the teacher's translations of the sources."""
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Pass:
     teacher: str  # the teacher checkpoint's weights sha256
     sources: str  # sha256 of the corpus's source lines
     rows: int
+    nbest: int = 1  # the teacher's n best per line, the one closest to the original target kept
 
     @property
     def partial(self) -> Path:
@@ -59,8 +63,9 @@ class Pass:
         return self.final.with_name(self.final.name.removesuffix(".jsonl") + ".progress.json")
 
     def record(self, done: int, size: int) -> dict[str, object]:
-        return {"teacher_sha256": self.teacher, "sources_sha256": self.sources, "rows": self.rows, "done": done,
+        kept = {"teacher_sha256": self.teacher, "sources_sha256": self.sources, "rows": self.rows, "done": done,
                 "bytes": size}
+        return kept if self.nbest == 1 else {**kept, "nbest": self.nbest}  # a record of nbest 1 as before it was kept
 
     def _kept(self) -> dict | None:
         """The progress record on disk, or None where there is none or it is unreadable."""
@@ -84,6 +89,10 @@ class Pass:
         if kept.get("teacher_sha256") != self.teacher or kept.get("sources_sha256") != self.sources:
             log(f"{self.partial}: written by another teacher checkpoint or from other sources; the pass starts over")
             return 0, 0
+        if kept.get("nbest", 1) != self.nbest:
+            log(f"{self.partial}: chosen from the teacher's {kept.get('nbest', 1)} best, not {self.nbest}; "
+                "the pass starts over")
+            return 0, 0
         if self.partial.stat().st_size < size or not 0 <= done <= self.rows:
             log(f"{self.partial}: shorter than its progress record; the teacher's pass starts over")
             return 0, 0
@@ -95,11 +104,12 @@ class Pass:
 
 
 class Sources:
-    """The source lines of a corpus read by `read_split`, taken from its Arrow table a chunk at
-    a time (a corpus of millions of lines is never held as Python strings all at once)."""
+    """The source lines of a corpus read by `read_split` (and their original targets), taken
+    from its Arrow table a chunk at a time (a corpus of millions of lines is never held as
+    Python strings all at once)."""
 
     def __init__(self, dataset) -> None:
-        self.dataset = dataset.select_columns(["src"])
+        self.dataset = dataset.select_columns(["src", "tgt"])
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -107,6 +117,11 @@ class Sources:
     def __getitem__(self, rows: slice) -> list[str]:
         start, stop, _ = rows.indices(len(self.dataset))
         return self.dataset[start:stop]["src"] if stop > start else []
+
+    def targets(self, rows: slice) -> list[str]:
+        """The original targets of the source lines `self[rows]`."""
+        start, stop, _ = rows.indices(len(self.dataset))
+        return self.dataset[start:stop]["tgt"] if stop > start else []
 
     def sha256(self) -> str:
         """sha256 of the lines joined by newlines, read a chunk at a time."""
@@ -175,7 +190,8 @@ def teacher_passes(config: Config, teacher: RunFiles, translate: Translate, prog
                 where = config.where("data", "train", i) if isinstance(config.data.train, list) else config.where("data", "train")
                 raise UserError(f"{where}: {exc}") from None
             sources = Sources(pairs)
-            job = Pass(distilled_path(config, i), teacher.weights_sha256, sources.sha256(), len(sources))
+            nbest = 1 if config.distill is None else config.distill.nbest
+            job = Pass(distilled_path(config, i), teacher.weights_sha256, sources.sha256(), len(sources), nbest)
             d = config.data
             keys = (d.src_field or d.src_lang, d.tgt_field or d.tgt_lang)
             teacher_pass(job, sources, keys, translate, progress, log)
@@ -183,7 +199,7 @@ def teacher_passes(config: Config, teacher: RunFiles, translate: Translate, prog
     return out
 
 
-def teacher_pass(job: Pass, sources: Sources | list[str], keys: tuple[str, str], translate: Translate, progress: bool,
+def teacher_pass(job: Pass, sources: Sources, keys: tuple[str, str], translate: Translate, progress: bool,
                  log: Callable[[str], None]) -> None:
     """Translate `sources` into `job.final` (JSONL rows {keys[0]: source, keys[1]: translation}),
     resuming an earlier pass; see the module docstring."""
@@ -201,8 +217,9 @@ def teacher_pass(job: Pass, sources: Sources | list[str], keys: tuple[str, str],
         with tqdm(total=job.rows, initial=done, unit="line", desc=f"teacher -> {job.final.name}", disable=not progress,
                   dynamic_ncols=True) as bar:
             while done < job.rows:
-                chunk = sources[done:done + CHUNK]
-                hyps = translate(chunk)
+                rows = slice(done, done + CHUNK)
+                chunk = sources[rows]
+                hyps = translate(chunk, sources.targets(rows))
                 f.write("".join(json.dumps({keys[0]: s, keys[1]: h}, ensure_ascii=False) + "\n"
                                 for s, h in zip(chunk, hyps, strict=True)).encode("utf-8", "surrogatepass"))
                 f.flush()
@@ -215,19 +232,29 @@ def teacher_pass(job: Pass, sources: Sources | list[str], keys: tuple[str, str],
     log(f"wrote {job.final}: the teacher's translations of {job.rows:,} lines")
 
 
-def teacher_translate(teacher: Path, beam_size: int | None) -> tuple[Translate, str]:
+def teacher_translate(teacher: RunFiles, beam_size: int | None, nbest: int = 1) -> tuple[Translate, str]:
     """The teacher's translate function on its default path (lines cut into sentences as
-    `evaluate` cuts them) and the path's description."""
-    import functools
+    `evaluate` cuts them; with `nbest` > 1 each line's closest to its original target of the n
+    best, `distill_choice.best_of`) and the path's description. The beam is `beam_size`, else
+    the teacher's own, raised to `nbest`."""
+    import dataclasses
 
+    from seq2seq_cli.decode.ctranslate2_engine import CTranslate2Engine
     from seq2seq_cli.decode.loading import load_translator
     from seq2seq_cli.documents.lines import translate_sentences
     from seq2seq_cli.documents.sentences import Splitter
+    from seq2seq_cli.train.distill_choice import best_of
 
-    overrides = {} if beam_size is None else {"beam_size": beam_size}
-    choice = load_translator([teacher], "auto", overrides)
+    beam = max(beam_size or teacher.config.decode.beam_size, nbest)
+    choice = load_translator([teacher.run_dir], "auto", {"beam_size": beam})
     t = choice.translator
-    return functools.partial(translate_sentences, t.translate, splitter=Splitter(t.languages[0])), choice.describe()
+    splitter = Splitter(t.languages[0])
+    if nbest == 1:
+        return lambda sources, _targets: translate_sentences(t.translate, sources, splitter), choice.describe()
+    if isinstance(t.engine, CTranslate2Engine):  # its n-best lists differ from our search's only below the best
+        t = t.with_engine(dataclasses.replace(t.engine, any_nbest=True))
+    return (lambda sources, targets: best_of(t, splitter, nbest, sources, targets),
+            f"{choice.describe()}, each line the closest to its original target (chrF) of the {nbest} best")
 
 
 @dataclass
@@ -313,7 +340,7 @@ def _teacher_process(config: Config, progress: bool, send) -> None:
     try:
         assert config.distill is not None and config.distill.teacher is not None
         teacher = open_run(config.distill.teacher)
-        translate, path = teacher_translate(teacher.run_dir, config.distill.beam_size)
+        translate, path = teacher_translate(teacher, config.distill.beam_size, config.distill.nbest)
         said.append(f"teacher {teacher.run_dir}: {path}")
         teacher_passes(config, teacher, translate, progress, said.append)
         send.send(("done", said))

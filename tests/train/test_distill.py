@@ -1,6 +1,7 @@
 """`seq2seq distill`: the teacher's pass (written as it goes, resumed where it stopped, never
 translating a line twice), the student as an ordinary run on the teacher's tokenizer and
-translations, the report, and every refusal as one line."""
+translations, the report, every refusal as one line, and `distill.nbest`: the one of the teacher's
+n best closest to the original target is kept."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sacrebleu.metrics import CHRF
 from typer.testing import CliRunner
 
 from helpers import REPO, documented_errors, one_error_line
 from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
+from seq2seq_cli.documents.sentences import Splitter, plan
 from seq2seq_cli.fileio import read_lines, sha256
 from seq2seq_cli.layout import RunLayout
+from seq2seq_cli.run.loaded import open_run
 from seq2seq_cli.train import distill as distilling
+from seq2seq_cli.train.distill_choice import closest_line
 
 runner = CliRunner()
 
@@ -44,17 +49,17 @@ class Counting:
     def __init__(self, translate, stop_at: int | None = None):
         self.translate, self.stop_at, self.lines, self.calls = translate, stop_at, 0, 0
 
-    def __call__(self, lines: list[str]) -> list[str]:
+    def __call__(self, lines: list[str], targets: list[str]) -> list[str]:
         self.calls += 1
         if self.calls == self.stop_at:
             raise KeyboardInterrupt
         self.lines += len(lines)
-        return self.translate(lines)
+        return self.translate(lines, targets)
 
 
 @pytest.fixture
 def teacher_translate(tiny_run):
-    translate, path = distilling.teacher_translate(tiny_run, None)
+    translate, path = distilling.teacher_translate(open_run(tiny_run), None)
     assert "searched by" in path or "our searches" in path
     return translate
 
@@ -113,7 +118,9 @@ def test_the_student_is_an_ordinary_run_of_the_teachers_tokenizer_and_translatio
     assert sha256(student / "spm.model") == sha256(tiny_run / "spm.model")
     saved = load_config(student / "config.yaml")
     assert saved.distill is not None and saved.distill.teacher == str(tiny_run)
-    assert [c.path for c in saved.data.corpora] == [str(student / "distilled" / "train-1.jsonl")]
+    # the distilled corpus, and the original one at its share (distill.original_weight: 1.0)
+    assert [(c.path, c.weight) for c in saved.data.corpora] == [(str(student / "distilled" / "train-1.jsonl"), 1.0),
+                                                                (str(corpus_dir / "train"), 1.0)]
     assert (student / "shortlist.tsv").is_file() and RunLayout(student).best.is_file()
     translated = runner.invoke(app, ["translate", "--model", str(student)], input="Y dijo Dios.\n")
     assert translated.exit_code == 0 and len(translated.stdout.splitlines()) == 1, translated.output
@@ -226,3 +233,79 @@ def test_the_sources_are_read_a_chunk_at_a_time_and_hashed_as_one_text():
     sources = distilling.Sources(datasets.Dataset.from_dict({"src": lines, "tgt": lines}).select(range(3, 70_000)))
     assert len(sources) == 69_997 and sources[0:2] == lines[3:5] and sources[69_990:80_000] == lines[69_993:]
     assert sources.sha256() == hashlib.sha256("\n".join(lines[3:]).encode()).hexdigest()
+
+
+# distill.nbest: the teacher's translation kept is the one of its n best closest to the original target
+
+CHRF_SCORE = CHRF()
+
+
+def chrf(hyp: str, ref: str) -> float:
+    return CHRF_SCORE.sentence_score(hyp, [ref]).score
+
+
+def test_each_sentence_takes_the_candidate_that_brings_the_line_closest():
+    split = Splitter("en").split("Uno. Dos.")
+    candidates = [["The dog runs.", "A dog ran."], ["It is red.", "It was red.", "Red."]]
+    assert closest_line(candidates, split, "A dog ran. It was red.", chrf) == "A dog ran. It was red."
+    assert closest_line([["x", "a b c", "a b"]], None, "a b c", chrf) == "a b c"
+
+
+def test_ties_keep_the_teachers_order():
+    assert closest_line([["first", "second", "third"]], None, "ref", lambda hyp, ref: 1.0) == "first"
+    assert closest_line([["a", "b"], ["c", "d"]], Splitter("en").split("Uno. Dos."), "r", lambda hyp, ref: 0.0) == "a c"
+
+
+def test_the_kept_line_is_one_of_the_n_best_and_no_further_from_the_reference_than_the_best(tiny_run, corpus_dir):
+    teacher = open_run(tiny_run)
+    sources = read_lines(corpus_dir / "train.es")[:48]
+    targets = read_lines(corpus_dir / "train.en")[:48]
+    best, _ = distilling.teacher_translate(teacher, 4, 1)
+    kept_of_4, path = distilling.teacher_translate(teacher, 4, 4)
+    assert "closest to its original target (chrF) of the 4 best" in path
+    firsts, kept = best(sources, targets), kept_of_4(sources, targets)
+    assert all(chrf(k, ref) >= chrf(f, ref) - 1e-9 for k, f, ref in zip(kept, firsts, targets, strict=True))
+    assert sum(chrf(k, ref) > chrf(f, ref) + 1e-9 for k, f, ref in zip(kept, firsts, targets)) >= 5
+    # every kept line is one of the teacher's own n best (its CTranslate2 lists, as the pass takes them)
+    import dataclasses
+
+    from seq2seq_cli.decode.loading import load_translator
+
+    t = load_translator([tiny_run], "auto", {"beam_size": 4}).translator
+    assert t.engine is not None
+    t = t.with_engine(dataclasses.replace(t.engine, any_nbest=True))
+    split = plan(sources, Splitter("es"))
+    options = [{t.tgt_sp.decode(h.tokens) for h in hs} for hs in t.translate_hypotheses(split.units, 4)]
+    starts = split.first_unit()
+    for line, k in enumerate(kept[:12]):
+        if split.splits[line] is None:
+            assert k in options[starts[line]], (line, k)
+
+
+def test_a_pass_chosen_from_another_nbest_starts_over(tiny_run, corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(distilling, "CHUNK", 100)
+    config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run))
+    _, teacher = distilling.student_config(config)
+    echo = lambda sources, targets: [s.upper() for s in sources]  # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        distilling.teacher_passes(config, teacher, Counting(echo, stop_at=3), progress=False)
+    progress = distilling.distilled_path(config, 0).with_name("train-1.progress.json")
+    assert json.loads(progress.read_text())["nbest"] == config.distill.nbest == 8
+    fewer = config.model_copy(update={"distill": config.distill.model_copy(update={"nbest": 1})})
+    said: list[str] = []
+    fresh = Counting(echo)
+    distilling.teacher_passes(fewer, teacher, fresh, progress=False, log=said.append)
+    assert fresh.lines == 400
+    assert any("chosen from the teacher's 8 best, not 1; the pass starts over" in line for line in said), said
+    assert "nbest" not in json.loads(progress.read_text())  # nbest 1 records as before nbest was kept
+
+
+def test_the_beam_must_hold_the_n_best(tmp_path, corpus_dir, tiny_run):
+    from seq2seq_cli.errors import UserError
+
+    path = student_yaml(tmp_path, corpus_dir, tiny_run)
+    raw = yaml.safe_load(path.read_text())
+    raw["distill"].update({"beam_size": 4, "nbest": 8})
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(UserError, match=r"beam_size \(4\) is below nbest \(8\)"):
+        load_config(path)
