@@ -3,10 +3,10 @@
 The teacher translates each line's sentences with `nbest` hypotheses each; of the lines these
 make, the one closest to the line's original target by sentence chrF is kept (the Bergamot
 pipeline keeps the best of 8 by BLEU; chrF, unlike BLEU, still ranks short sentences that share
-no 4-gram with the reference). The student then learns output that is the teacher's own, so as
-easy to learn as its best, yet as faithful to the reference as the teacher gets. A line of
-several sentences is chosen a sentence at a time, each the candidate whose whole line scores
-highest with the others as chosen so far, ties kept in the teacher's order.
+no 4-gram with the reference). The student then learns output that is the teacher's own, and
+as close to the reference as the teacher's n best allow. A line of several sentences is chosen
+a sentence at a time, each the candidate whose whole line scores highest with the others as
+chosen so far, ties kept in the teacher's order.
 """
 
 from __future__ import annotations
