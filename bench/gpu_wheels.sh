@@ -5,7 +5,8 @@
 #
 # The GPU machine has torch, transformers 5.17 (huggingface_hub < 2), typer, sacrebleu,
 # sentencepiece, safetensors, tqdm, pyyaml, matplotlib, tensorboard, pyarrow, numpy, pytest and
-# hypothesis. Missing: pydantic (config), datasets (reading corpora) and what those two need
+# hypothesis. Missing: pydantic (config), datasets (reading corpora), py3langid (the language
+# filter of the training corpora), sentencex (cutting lines into sentences) and what those need
 # beyond the machine's own packages (it has pandas, requests, xxhash, fsspec, huggingface_hub
 # and pyarrow): only those, since /tmp/site comes first on PYTHONPATH and would shadow the
 # machine's versions. Versions: pydantic as in the development environment; datasets 5.0.x
@@ -32,6 +33,10 @@ PACKAGES=(
     datasets==5.0.1
     dill==0.4.1
     multiprocess==0.70.19
+    # the language filter of the training corpora (data.filters.langid) and the sentence cutter of
+    # translate and evaluate; numpy is on the machine
+    py3langid==0.4.0
+    sentencex==1.0.32
 )
 
 mkdir -p "$WHEELS"

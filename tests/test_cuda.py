@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -223,6 +224,39 @@ def test_a_run_trained_on_the_cpu_resumes_and_loads_on_the_device(fp32: None, ti
     state = ckpt.load_train_state(run / "checkpoints" / "last.state.pt")
     assert state["step"] == 12 and math.isfinite(state["scaler"]["scale"])
     assert_translators_agree(run, (corpus_dir / "test.es").read_text(encoding="utf-8").splitlines())
+
+
+def test_a_batch_reaches_the_device_whole_without_blocking() -> None:
+    """A training batch copied as one pinned buffer (`Batch.to` with non_blocking): every
+    tensor arrives with its shape and values, read back after the copy."""
+    from seq2seq_cli.data.batching import collate
+    from seq2seq_cli.data.encoding import EncodedCorpus
+
+    corpus = EncodedCorpus.from_lists([[7, 8, 9], [9]], [[10], [11, 12, 13, 14]])
+    batch = collate(corpus, np.array([0, 1]))
+    moved = batch.to(GPU, non_blocking=True)
+    for name in ("src", "tgt_in", "tgt_out", "tgt_rows"):
+        a, b = getattr(batch, name), getattr(moved, name)
+        assert b.device.type == torch.device(GPU).type and torch.equal(a, b.cpu()), name
+
+
+def test_attention_over_batches_of_many_shapes_runs_without_cudnn(fp32: None) -> None:
+    """After the device is picked, the fused attention leaves cuDNN's kernels out, and a model
+    trains through padded batches of changing shapes (each a new shape for the kernels)."""
+    from seq2seq_cli.device import pick_device
+
+    pick_device(GPU, setting="--device")
+    assert GPU == "cpu" or not torch.backends.cuda.cudnn_sdp_enabled()
+    model = tiny_model().to(GPU).train()
+    shapes = set()
+    for batch, seed in ((3, 1), (2, 5), (5, 9), (4, 12)):
+        src, tgt = random_sources(batch, seed).to(GPU), random_sources(batch, seed + 1).to(GPU)
+        shapes.add((src.shape, tgt.shape))
+        logits = model(src, tgt)
+        assert logits.shape[:2] == (batch, tgt.size(1)) and torch.isfinite(logits).all()
+        logits.float().logsumexp(-1).mean().backward()
+    assert len(shapes) == 4
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
 
 
 # --------------------------------------------------------------------------- torch.compile

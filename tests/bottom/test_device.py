@@ -58,3 +58,30 @@ def test_device_settings(monkeypatch):
         policy.pick_device("cuda", setting="--device")
     with pytest.raises(UserError, match=r"train.device=cuda:1 but no CUDA device is available"):
         policy.pick_device("cuda:1")
+
+
+@pytest.mark.parametrize("setting", ["cuda", "cuda:0", "auto"])
+def test_a_cuda_device_leaves_cudnn_attention_out(monkeypatch, setting):
+    """cuDNN's attention builds a graph per shape; a process on CUDA keeps the fused attention
+    on the kernels that need none. torch's CUDA calls are stood in for, so this runs anywhere."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        assert policy.pick_device(setting) == torch.device("cuda", 0)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_the_cpu_leaves_attention_kernels_as_they_are():
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        policy.pick_device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

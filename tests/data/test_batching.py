@@ -47,6 +47,18 @@ def test_collate_literal():
     assert (batch.src_tokens, batch.tgt_tokens) == (int((src != PAD).sum()), int((tgt_out != PAD).sum())) == (5, 6)
 
 
+def test_a_batch_is_copied_as_one_buffer_of_its_tensors():
+    corpus = EncodedCorpus.from_lists([[7, 8], [9]], [[10], [11, 12, 13]])
+    batch = collate(corpus, np.array([0, 1]))
+    parts = [batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_rows]
+    moved = batching.packed_copy(parts, "cpu", pin=False)
+    assert [m.shape for m in moved] == [p.shape for p in parts]
+    assert [m.tolist() for m in moved] == [p.tolist() for p in parts]
+    assert len({m.untyped_storage().data_ptr() for m in moved}) == 1  # one buffer, one copy
+    assert all(m.data_ptr() != p.data_ptr() for m, p in zip(moved, parts))
+    assert batch.to("cpu").src is batch.src  # on the CPU nothing is copied
+
+
 def test_collate_gathers_rows_across_arrow_chunks_in_order():
     import pyarrow as pa
 
