@@ -36,9 +36,7 @@ def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -
         index = int(name.split(":", 1)[1])
         if index >= torch.cuda.device_count():
             raise UserError(f"{given} but this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
-        torch.cuda.set_device(index)
-        leave_out_cudnn_attention()
-        return torch.device("cuda", index)
+        return use_cuda(index)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
@@ -47,10 +45,17 @@ def pick_device(name: str, local_rank: int = 0, setting: str = "train.device") -
                 f"LOCAL_RANK {local_rank} but this node has {torch.cuda.device_count()} CUDA device(s); "
                 "launch at most one process per GPU (torchrun --nproc_per_node)"
             )
-        torch.cuda.set_device(local_rank)
-        leave_out_cudnn_attention()
-        return torch.device("cuda", local_rank)
+        return use_cuda(local_rank)
     return torch.device(name)
+
+
+def use_cuda(index: int) -> torch.device:
+    """CUDA device `index`, made this process's current device, with cuDNN's attention left out."""
+    import torch
+
+    torch.cuda.set_device(index)
+    leave_out_cudnn_attention()
+    return torch.device("cuda", index)
 
 
 def leave_out_cudnn_attention() -> None:

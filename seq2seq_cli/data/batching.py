@@ -307,13 +307,12 @@ class Batch:
 
 
 def packed_copy(parts: list[Tensor], device: torch.device | str, pin: bool) -> list[Tensor]:
-    """`parts` (tensors of one dtype) on `device`, as views of one buffer copied there at once;
-    `pin`: the buffer is pinned host memory and the copy does not block. Pinning costs about a
-    millisecond a call whatever the size (an H100 host, torch 2.11), so a batch pins once."""
+    """`parts` (int64 tensors: a batch's ids and target rows) on `device`, as views of one buffer
+    copied there at once; `pin`: the buffer is pinned host memory and the copy does not block.
+    Pinning costs about a millisecond a call whatever the size (an H100 host, torch 2.11), so a
+    batch pins once."""
     import torch
 
-    if len({t.dtype for t in parts}) > 1:
-        return [(t.pin_memory() if pin else t).to(device, non_blocking=pin) for t in parts]
     sizes = [t.numel() for t in parts]
     staged = torch.empty(sum(sizes), dtype=parts[0].dtype, pin_memory=pin)
     torch.cat([t.reshape(-1) for t in parts], out=staged)

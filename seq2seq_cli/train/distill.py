@@ -115,13 +115,15 @@ class Sources:
         return len(self.dataset)
 
     def __getitem__(self, rows: slice) -> list[str]:
-        start, stop, _ = rows.indices(len(self.dataset))
-        return self.dataset[start:stop]["src"] if stop > start else []
+        return self._column("src", rows)
 
     def targets(self, rows: slice) -> list[str]:
         """The original targets of the source lines `self[rows]`."""
+        return self._column("tgt", rows)
+
+    def _column(self, name: str, rows: slice) -> list[str]:
         start, stop, _ = rows.indices(len(self.dataset))
-        return self.dataset[start:stop]["tgt"] if stop > start else []
+        return self.dataset[start:stop][name] if stop > start else []
 
     def sha256(self) -> str:
         """sha256 of the lines joined by newlines, read a chunk at a time."""
