@@ -138,14 +138,20 @@ def test_models_packing_does_not_apply_to_are_not_reported(fresh_log):
     assert fresh_log.records == []
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 23])
-def test_padding_the_rows_changes_no_result(rows):
+@pytest.mark.parametrize("rows, T", [(1, 3), (5, 3), (16, 3), (23, 3), (4, 1), (1, 1), (32, 1)])
+def test_padding_the_rows_changes_no_result(rows, T):
+    """Row counts padded (3, 15, 69 rows) and taken as they are (4, 1, 32, 48: no padding due)."""
     layer = nn.Linear(12, 7)
     packed = PackedLinear(layer.weight, layer.bias)
-    x = torch.randn(rows, 3, 12)  # (B, T, in): rows * 3 rows in all, padded to a multiple of 16
+    x = torch.randn(rows, T, 12)  # (B, T, in)
     with torch.no_grad():
         assert torch.allclose(packed(x), layer(x), atol=1e-5)
-        assert packed(x).shape == (rows, 3, 7)
+        assert packed(x).shape == (rows, T, 7)
+
+
+@pytest.mark.parametrize("n, pad", [(1, 0), (3, 1), (4, 0), (5, 3), (8, 0), (9, 7), (16, 0), (17, 15), (0, 0)])
+def test_row_padding_is_a_power_of_two_below_half_a_block_then_whole_blocks(n, pad):
+    assert onednn.row_padding(n) == pad
 
 
 def test_int8_linear_is_the_quantized_product():
