@@ -46,6 +46,9 @@ OPAQUE_INLINE = frozenset("script style code kbd samp var svg math".split())  # 
 OPAQUE_BLOCK = frozenset("pre textarea template noscript iframe object head".split())  # kept whole, a unit break
 SPACE = re.compile(r"\s+")
 MAX_NESTING = 400  # levels of elements inside each other an HTML page may have; deeper is refused
+INTERNAL_SUBSET = re.compile(r"\s*((?:<!--.*?-->|<\?.*?\?>)\s*)*(<!DOCTYPE\s[^\[>]*\[.*?\]\s*>)", re.I | re.S)
+"""An XML doctype with an internal subset (entity declarations), after any comments or processing instructions."""
+
 HEAD_META = frozenset(["description", "og:title", "og:description", "twitter:title", "twitter:description"])
 
 
@@ -202,7 +205,10 @@ class MarkupDocument:
         body = "\n" * self.declaration.count("\n") + text[len(self.declaration):]  # the lines where they were
         self.end = text[len(text.rstrip()):]  # the whitespace after the document, kept
         self.attributes: list[tuple[Any, str, Split]] = []  # (element, attribute, its text split)
+        self.doctype = ""  # an XML doctype with an internal subset, as written (see `render`)
         if fmt == "xml":
+            found = INTERNAL_SUBSET.match(body)
+            self.doctype = found.group(2) if found else ""
             parser = etree.XMLParser(resolve_entities=False, strip_cdata=False)
             try:
                 self.root = etree.fromstring(body, parser)
@@ -251,6 +257,9 @@ class MarkupDocument:
             return self.declaration + head + "".join(lhtml.tostring(c, encoding="unicode") for c in self.root)
         method = "html" if self.fmt == "html" and not self.declaration else "xml"  # XHTML stays well-formed
         body = str(etree.tostring(self.root.getroottree(), method=method, encoding="unicode"))
+        start = re.search(r"<(?![!?])", body)  # the root element's tag: what comes before it is the prolog
+        if self.doctype and "<!DOCTYPE" not in body[: start.start() if start else len(body)].upper():
+            body = self.doctype + "\n" + body  # lxml drops a subset not named as the root: its entities stay declared
         return self.declaration + body.rstrip() + self.end
 
 

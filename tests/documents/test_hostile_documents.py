@@ -346,3 +346,17 @@ def test_an_entry_named_outside_the_archive_is_never_written_there(capitals, tmp
     out = translate_bytes(None, "slip.odt", hf.zipped(parts), DocumentFormat.odt, ES)  # type: ignore[arg-type]
     assert "../../escaped.txt" in zipfile.ZipFile(io.BytesIO(out)).namelist()  # kept as an entry, never extracted
     assert not any(p.name == "escaped.txt" for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("doctype_name", ["d", "other"])
+def test_an_internal_subset_stays_so_the_entities_the_text_names_stay_declared(capitals, doctype_name):
+    """lxml writes the subset back only where the doctype names the root element; the output
+    must stay well-formed either way, its entity unexpanded."""
+    from lxml import etree
+
+    data = (f'<?xml version="1.0"?>\n<!DOCTYPE {doctype_name} [<!ENTITY co "La Casa ]x">]>\n'
+            '<d><p>Hola &co; mundo.</p></d>\n').encode()
+    out = translate_bytes(None, "x", data, DocumentFormat.xml, ES)  # type: ignore[arg-type]
+    assert out.decode().count("<!DOCTYPE") == 1 and '<!ENTITY co "La Casa ]x">' in out.decode()
+    tree = etree.fromstring(out, etree.XMLParser(resolve_entities=False))  # raises if &co; were undeclared
+    assert "&co;" in etree.tostring(tree, encoding="unicode")
