@@ -261,7 +261,12 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
                 count += 1
 
     if path.exists() and not path.is_file() and not path.is_dir():
-        write(str(path))
+        try:
+            write(str(path))
+        except OSError as exc:  # a device that refuses the write (/dev/full): name it, as atomic_write does
+            if exc.filename is not None or exc.errno is None:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
     else:
         atomic_write(path, write)
     return count

@@ -147,3 +147,10 @@ def test_replacing_dir_refuses_a_symlink_or_a_file(tmp_path):
         with pytest.raises(UserError, match=f"^{tmp_path / name}: {why}"), replacing_dir(tmp_path / name):
             pass
     assert (tmp_path / "f").read_text(encoding="utf-8") == "x" and (tmp_path / "link").is_symlink()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_a_device_that_refuses_the_write_is_named_in_the_error():
+    with pytest.raises(OSError) as caught:
+        write_lines(Path("/dev/full"), ["a line"] * 10_000)
+    assert caught.value.filename == "/dev/full" and "No space left" in caught.value.strerror
