@@ -47,9 +47,14 @@ def identifier_code(lang: str) -> str:
     return base if base in languages() else ""
 
 
+def probabilities(text: str) -> dict[str, float]:
+    """The model's probability of each language it knows (by its code) for `text`."""
+    return {lang: float(p) for lang, p in _identifier().rank(text)}
+
+
 def probability(text: str, code: str) -> float:
     """The model's probability that `text` is in language `code`."""
-    return next((float(p) for lang, p in _identifier().rank(text) if lang == code), 0.0)
+    return probabilities(text).get(code, 0.0)
 
 
 def in_language(text: str, code: str, min_prob: float) -> bool:

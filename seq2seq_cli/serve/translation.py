@@ -1,14 +1,18 @@
-"""The translating routes of `seq2seq serve`: LibreTranslate's POST /translate and GET
-/languages, and POST /v1/translate with the decoding options of `translate`."""
+"""The translating routes of `seq2seq serve`: LibreTranslate's POST /translate, POST /detect,
+GET /languages and GET /frontend/settings, and POST /v1/translate with the decoding options of
+`translate`."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from seq2seq_cli.data import langid
 from seq2seq_cli.decode.options import clip
+from seq2seq_cli.documents.detect import SERVED
 from seq2seq_cli.documents.markup import translate_markup
 from seq2seq_cli.documents.sentences import plan
 from seq2seq_cli.errors import UserError
@@ -96,6 +100,45 @@ async def languages(request: Request) -> JSONResponse:
         {"code": source_lang, "name": LANGUAGE_NAMES.get(source_lang, source_lang), "targets": [target_lang]},
         {"code": target_lang, "name": LANGUAGE_NAMES.get(target_lang, target_lang), "targets": []},
     ])
+
+
+def detections(text: str, pair: tuple[str, str]) -> list[dict[str, Any]]:
+    """LibreTranslate's answer for one text: each of the server's languages with the language
+    identifier's confidence (0-100, the two adding up to 100), the likelier first. A language
+    the identifier does not know gets 0; where it knows neither, each gets 50."""
+    codes = [langid.identifier_code(lang) for lang in pair]
+    ranked = langid.probabilities(text) if any(codes) and text.strip() else {}
+    probs = [float(ranked.get(code, 0.0)) if code else 0.0 for code in codes]
+    total = sum(probs)
+    shares = [p / total for p in probs] if total > 0 else [1 / len(pair)] * len(pair)
+    found = [{"confidence": round(100 * share, 1), "language": lang} for lang, share in zip(pair, shares)]
+    return sorted(found, key=lambda d: -d["confidence"])
+
+
+@router.post("/detect")
+async def detect(request: Request) -> JSONResponse:
+    state, data = await read_request(request)
+    if data.get("q") is None:
+        raise RequestError(400, "Invalid request: missing q parameter")
+    texts = texts_of(data["q"])
+    check_size(state, texts)
+    found = await asyncio.to_thread(lambda: [detections(t, state.languages) for t in texts])
+    return JSONResponse(found[0] if isinstance(data["q"], str) else found)
+
+
+@router.get("/frontend/settings")
+async def frontend_settings(request: Request) -> JSONResponse:
+    """What LibreTranslate's clients ask before they translate: the limits, whether a key is
+    needed, the file formats, and the languages to show first."""
+    state = app_state(request)
+    source_lang, target_lang = state.languages
+    keys = state.settings.api_keys is not None
+    return JSONResponse({
+        "charLimit": state.settings.max_chars, "frontendTimeout": 500, "suggestions": False, "filesTranslation": True,
+        "apiKeys": keys, "keyRequired": keys, "supportedFilesFormat": list(SERVED),
+        "language": {"source": {"code": source_lang, "name": LANGUAGE_NAMES.get(source_lang, source_lang)},
+                     "target": {"code": target_lang, "name": LANGUAGE_NAMES.get(target_lang, target_lang)}},
+    })
 
 
 @router.post("/v1/translate")

@@ -286,6 +286,28 @@ def test_health_languages_and_metrics(server):
     assert re.search(r"^seq2seq_queue_depth 0$", text, re.MULTILINE)
 
 
+def test_libretranslate_client_detects_the_language_of_each_text(server):
+    """POST /detect: the server's two languages ranked by the language identifier, in percent."""
+    client = LibreTranslateAPI(server.url, api_key=KEY)
+    spanish = client.detect("En el principio creó Dios los cielos y la tierra, y la tierra estaba desordenada.")
+    english = client.detect("In the beginning God created the heavens and the earth, and the earth was empty.")
+    assert [d["language"] for d in spanish] == ["es", "en"] and [d["language"] for d in english] == ["en", "es"]
+    for found in (spanish, english):
+        assert found[0]["confidence"] > 90 and sum(d["confidence"] for d in found) == pytest.approx(100, abs=0.2)
+    status, _, both = server.post("/detect", {"q": ["Buenos días, hermanos.", "Good morning, brothers."], "api_key": KEY})
+    assert status == 200 and [found[0]["language"] for found in both] == ["es", "en"]
+    assert server.post("/detect", {"q": "hola"})[0] == 403  # the key is asked for as on /translate
+    assert server.post("/detect", {"api_key": KEY})[2] == {"error": "Invalid request: missing q parameter"}
+
+
+def test_frontend_settings_give_the_limits_the_key_rule_and_the_languages(server):
+    status, _, settings = server.get("/frontend/settings")
+    assert status == 200
+    assert (settings["charLimit"], settings["apiKeys"], settings["keyRequired"]) == (3000, True, True)
+    assert settings["language"] == {"source": {"code": "es", "name": "Spanish"}, "target": {"code": "en", "name": "English"}}
+    assert ".docx" in settings["supportedFilesFormat"] and settings["filesTranslation"] is True
+
+
 # ---------------------------------------------------------------------------- bad requests
 
 BAD = {
@@ -368,7 +390,7 @@ def test_bad_request_gets_one_clear_error(server, case):
 
 def test_head_answers_as_get_without_a_body(server):
     """Load balancers and uptime checks send HEAD: every GET route answers it, 200 and no body."""
-    for path in ("/", "/health", "/languages", "/metrics"):
+    for path in ("/", "/health", "/languages", "/frontend/settings", "/metrics"):
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
             raw = b""
