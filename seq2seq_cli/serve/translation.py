@@ -87,9 +87,10 @@ async def libretranslate(request: Request) -> JSONResponse:
     body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
     if alternatives:
         body["alternatives"] = out_alts[0] if single else out_alts
-    if data["source"] == "auto":
-        detected = {"confidence": 100.0, "language": state.languages[0]}
-        body["detectedLanguage"] = detected if single else [detected] * len(texts)
+    if data["source"] == "auto":  # translated from the run's source language, with the identifier's confidence in it
+        found = await asyncio.to_thread(lambda: [detections(t, state.languages) for t in texts])
+        detected = [next(d for d in f if d["language"] == state.languages[0]) for f in found]
+        body["detectedLanguage"] = detected[0] if single else detected
     return JSONResponse(body)
 
 

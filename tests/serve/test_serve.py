@@ -162,7 +162,11 @@ def test_libretranslate_client_gets_what_translate_writes(server, run_dir, tmp_p
     assert status == 200 and body == {"translatedText": expected[:3]}
     status, _, body = server.post("/translate", {"q": "\n".join(lines[:3]), "source": "auto", "target": "en", "api_key": KEY})
     assert status == 200 and body["translatedText"] == "\n".join(expected[:3])
-    assert body["detectedLanguage"] == {"confidence": 100.0, "language": "es"}
+    assert body["detectedLanguage"]["language"] == "es" and body["detectedLanguage"]["confidence"] > 90
+    status, _, body = server.post("/translate", {"q": [lines[0], "The earth was empty."], "source": "auto", "target": "en",
+                                                 "api_key": KEY})
+    assert [d["language"] for d in body["detectedLanguage"]] == ["es", "es"]  # what it was translated from
+    assert body["detectedLanguage"][0]["confidence"] > 90 > body["detectedLanguage"][1]["confidence"]
 
 
 def test_the_ctranslate2_engine_serves_what_translate_writes(run_dir, tmp_path):
