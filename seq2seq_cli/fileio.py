@@ -32,10 +32,20 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call write(tmp_path), fsync it and rename it over `path`: readers see the old or the new file.
 
     A file that exists keeps its permissions; a new one gets those of any file created under
-    the umask (0644 under umask 022). Errors name `path`, never the temporary file."""
+    the umask (0644 under umask 022). Errors name `path`, never the temporary file. Anything
+    that is not a regular file (a device such as /dev/null, a FIFO) is written to directly,
+    never replaced."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a file name to write")
+    if path.exists() and not path.is_file():
+        try:
+            write(str(path))
+        except OSError as exc:  # a device that refuses the write (/dev/full): name it
+            if exc.filename is not None or exc.errno is None:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_temps(path.parent, f".{path.name}.")
     tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -189,8 +199,14 @@ def check_utf8(path: Path) -> int:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise UserError(f"{path}:{count}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
+                wide = next((name for mark, name in WIDE_BOMS if count == 1 and raw.startswith(mark)), None)
+                hint = f"; the file starts with the byte-order mark of {wide}: save it as UTF-8" if wide else ""
+                raise UserError(f"{path}:{count}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason}){hint}") from None
     return count
+
+
+WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+"""Byte-order marks of the encodings a text input is most often saved in by mistake (UTF-32's first)."""
 
 
 def check_text_file(path: Path) -> int:
@@ -260,15 +276,7 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
                 f.write(line + "\n")
                 count += 1
 
-    if path.exists() and not path.is_file() and not path.is_dir():
-        try:
-            write(str(path))
-        except OSError as exc:  # a device that refuses the write (/dev/full): name it, as atomic_write does
-            if exc.filename is not None or exc.errno is None:
-                raise
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
-    else:
-        atomic_write(path, write)
+    atomic_write(path, write)
     return count
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -149,8 +152,39 @@ def test_replacing_dir_refuses_a_symlink_or_a_file(tmp_path):
     assert (tmp_path / "f").read_text(encoding="utf-8") == "x" and (tmp_path / "link").is_symlink()
 
 
-@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
-def test_a_device_that_refuses_the_write_is_named_in_the_error():
+def is_device(path: str) -> bool:
+    return os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode)
+
+
+@pytest.mark.skipif(not is_device("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("how", ["lines", "bytes"])
+def test_a_device_that_refuses_the_write_is_named_in_the_error_and_stays_a_device(how):
     with pytest.raises(OSError) as caught:
-        write_lines(Path("/dev/full"), ["a line"] * 10_000)
+        if how == "lines":
+            write_lines(Path("/dev/full"), ["a line"] * 10_000)
+        else:
+            atomic_write(Path("/dev/full"), lambda tmp: Path(tmp).write_bytes(b"<html></html>"))
     assert caught.value.filename == "/dev/full" and "No space left" in caught.value.strerror
+    assert is_device("/dev/full")  # written to, never replaced by a regular file
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    atomic_write(fifo, lambda tmp: Path(tmp).write_bytes(b"translated\n"))
+    reader.join(timeout=30)
+    assert got == [b"translated\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temporary file left beside it
+
+
+@pytest.mark.parametrize("encoding, name", [("utf-16", "UTF-16"), ("utf-32", "UTF-32")])
+def test_a_utf16_or_utf32_file_is_named_as_such(tmp_path, encoding, name):
+    path = tmp_path / "in.txt"
+    path.write_bytes("Hola mundo.\n".encode(encoding))  # Python writes the byte-order mark first
+    with pytest.raises(UserError) as caught:
+        check_utf8(path)
+    assert str(caught.value).startswith(f"{path}:1: invalid UTF-8 at byte 0")
+    assert str(caught.value).endswith(f"the file starts with the byte-order mark of {name}: save it as UTF-8")
