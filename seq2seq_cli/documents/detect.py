@@ -26,6 +26,7 @@ SNIFF_BYTES = 4096  # the bytes of a document's start its content is detected by
 HTML_START = re.compile(rb"\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*<(!doctype\s+html|html[\s>])", re.I | re.S)
 XML_START = re.compile(rb"\s*<\?xml\s", re.I)
 DECLARED = re.compile(rb"(?:\xef\xbb\xbf)?\s*<\?xml\s[^>]*?\bencoding\s*=\s*[\"']([A-Za-z][A-Za-z0-9._-]*)[\"']")
+META_CHARSET = re.compile(rb"<meta\s[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z][A-Za-z0-9._:-]*)", re.I)
 
 
 def detect(name: str, head: bytes, given: DocumentFormat = DocumentFormat.auto) -> DocumentFormat:
@@ -55,9 +56,25 @@ def check_served_name(name: str) -> None:
 
 def text_encoding(name: str, data: bytes, fmt: DocumentFormat) -> str:
     """The encoding of a document that is text: UTF-8, or for XML and HTML the one its XML
-    declaration names (a byte-order mark says UTF-8 whatever the declaration says)."""
+    declaration names, or for HTML without one the one its <meta> names (charset, or
+    http-equiv's content), as a browser reads it: Latin-1 and ASCII as Windows-1252, UTF-16 as
+    UTF-8. A byte-order mark says UTF-8 whatever either says."""
     found = DECLARED.match(data[:SNIFF_BYTES]) if fmt in (DocumentFormat.xml, DocumentFormat.html) else None
-    if found is None or data.startswith(b"\xef\xbb\xbf"):
+    if data.startswith(b"\xef\xbb\xbf"):
+        return "utf-8"
+    if found is None and fmt is DocumentFormat.html:
+        meta = META_CHARSET.search(data[:SNIFF_BYTES])
+        if meta is None:
+            return "utf-8"
+        named = meta.group(1).decode("ascii")
+        try:
+            codec = codecs.lookup(named)
+        except LookupError:
+            raise UserError(f"{name}: its <meta> names the charset {named}, which is not known") from None
+        if codec.name.startswith(("utf-16", "utf-32")):  # read as ASCII, the page cannot be in it (the HTML standard's rule)
+            return "utf-8"
+        return "cp1252" if codec.name in ("latin-1", "iso8859-1", "ascii") else codec.name
+    if found is None:
         return "utf-8"
     declared = found.group(1).decode("ascii")
     try:
@@ -78,7 +95,8 @@ def document_text(name: str, data: bytes, fmt: DocumentFormat) -> str:
     except UnicodeDecodeError as exc:
         if encoding == "utf-8":
             raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})") from None
-        raise UserError(f"{name}: not {encoding} text, as its XML declaration says (invalid byte at {exc.start})") from None
+        said = "its XML declaration" if DECLARED.match(data[:SNIFF_BYTES]) else "its <meta> charset"
+        raise UserError(f"{name}: not {encoding} text, as {said} says (invalid byte at {exc.start})") from None
     return text.removeprefix("\ufeff")
 
 

@@ -352,11 +352,27 @@ def test_an_entry_named_outside_the_archive_is_never_written_there(capitals, tmp
 def test_an_internal_subset_stays_so_the_entities_the_text_names_stay_declared(capitals, doctype_name):
     """lxml writes the subset back only where the doctype names the root element; the output
     must stay well-formed either way, its entity unexpanded."""
-    from lxml import etree
-
     data = (f'<?xml version="1.0"?>\n<!DOCTYPE {doctype_name} [<!ENTITY co "La Casa ]x">]>\n'
             '<d><p>Hola &co; mundo.</p></d>\n').encode()
     out = translate_bytes(None, "x", data, DocumentFormat.xml, ES)  # type: ignore[arg-type]
     assert out.decode().count("<!DOCTYPE") == 1 and '<!ENTITY co "La Casa ]x">' in out.decode()
     tree = etree.fromstring(out, etree.XMLParser(resolve_entities=False))  # raises if &co; were undeclared
     assert "&co;" in etree.tostring(tree, encoding="unicode")
+
+
+HTTP_EQUIV = '<meta http-equiv="Content-Type" content="text/html; charset=Windows-1252">'
+
+
+@pytest.mark.parametrize("meta, encoding", [('<meta charset="latin1">', "cp1252"), (HTTP_EQUIV, "cp1252"),
+                                            ('<meta charset="ISO-8859-15">', "iso8859-15"),
+                                            ('<meta charset="utf-16">', "utf-8")])  # a page read as ASCII is not UTF-16
+def test_an_html_page_is_read_in_the_charset_its_meta_names_and_written_back_in_it(capitals, meta, encoding):
+    page = f"<html><head>{meta}</head><body><p>Mañana es día de fiesta.</p></body></html>"
+    out = translate_bytes(None, "page.html", page.encode(encoding), DocumentFormat.html, ES)  # type: ignore[arg-type]
+    assert "<p>MAÑANA ES DÍA DE FIESTA.</p>" in out.decode(encoding) and meta.lower() in out.decode(encoding).lower()
+
+
+def test_an_unknown_meta_charset_is_one_line_naming_it():
+    page = b'<html><head><meta charset="klingon"></head><body><p>x</p></body></html>'
+    with pytest.raises(UserError, match=r"^page.html: its <meta> names the charset klingon, which is not known$"):
+        check_document("page.html", page, DocumentFormat.html)
