@@ -199,10 +199,16 @@ def check_utf8(path: Path) -> int:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                wide = next((name for mark, name in WIDE_BOMS if count == 1 and raw.startswith(mark)), None)
-                hint = f"; the file starts with the byte-order mark of {wide}: save it as UTF-8" if wide else ""
+                hint = wide_bom_hint(raw) if count == 1 else ""
                 raise UserError(f"{path}:{count}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason}){hint}") from None
     return count
+
+
+def wide_bom_hint(start: bytes) -> str:
+    """'; the file starts with the byte-order mark of UTF-16: save it as UTF-8' where the bytes
+    a file starts with are UTF-16's or UTF-32's mark, else ''."""
+    wide = next((name for mark, name in WIDE_BOMS if start.startswith(mark)), None)
+    return f"; the file starts with the byte-order mark of {wide}: save it as UTF-8" if wide else ""
 
 
 WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))

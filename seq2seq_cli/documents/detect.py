@@ -17,6 +17,7 @@ from seq2seq_cli.choices import DocumentFormat
 from seq2seq_cli.documents.archive import KINDS as ARCHIVES
 from seq2seq_cli.documents.archive import unpack
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import wide_bom_hint
 
 SUFFIXES = {".txt": DocumentFormat.text, ".html": DocumentFormat.html, ".htm": DocumentFormat.html,
             ".xhtml": DocumentFormat.html, ".xml": DocumentFormat.xml, ".docx": DocumentFormat.docx,
@@ -94,7 +95,7 @@ def document_text(name: str, data: bytes, fmt: DocumentFormat) -> str:
         text = data.decode(encoding)
     except UnicodeDecodeError as exc:
         if encoding == "utf-8":
-            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})") from None
+            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start}){wide_bom_hint(data)}") from None
         said = "its XML declaration" if DECLARED.match(data[:SNIFF_BYTES]) else "its <meta> charset"
         raise UserError(f"{name}: not {encoding} text, as {said} says (invalid byte at {exc.start})") from None
     return text.removeprefix("\ufeff")

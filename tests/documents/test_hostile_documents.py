@@ -376,3 +376,9 @@ def test_an_unknown_meta_charset_is_one_line_naming_it():
     page = b'<html><head><meta charset="klingon"></head><body><p>x</p></body></html>'
     with pytest.raises(UserError, match=r"^page.html: its <meta> names the charset klingon, which is not known$"):
         check_document("page.html", page, DocumentFormat.html)
+
+
+def test_a_utf16_document_is_named_by_its_byte_order_mark():
+    with pytest.raises(UserError, match=r"^u\.html: not UTF-8 text \(invalid byte at 0\); the file starts with the "
+                                        r"byte-order mark of UTF-16: save it as UTF-8$"):
+        check_document("u.html", "<p>Hola</p>".encode("utf-16"), DocumentFormat.html)
