@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.options import check_nbest, clip, decode_settings, field_name
@@ -109,7 +110,18 @@ async def read_limited(request: Request, limit: int, what: str, shown: int) -> b
     if length and length.isdigit() and int(length) > limit:
         raise too_large(what, f"{length} bytes of body", shown)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    timeout = app_state(request).settings.timeout_s
+    stream = request.stream().__aiter__()
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:  # a body that stops coming (a client gone quiet, or one holding connections open) waits no longer than a request
+            chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise RequestError(408, f"the request's body did not arrive within {timeout:g} s") from None
+        except ClientDisconnect:  # nobody is left to answer: one line in the metrics, no traceback in the log
+            raise RequestError(400, "the client closed the connection before its body ended") from None
         size += len(chunk)
         if size > limit:
             raise too_large(what, f"more than {limit} bytes of body", shown)
@@ -205,6 +217,9 @@ def check_key(state: AppState, data: dict[str, Any], request: Request) -> None:
 
 def check_pair(state: AppState, source: Any, target: Any) -> None:
     source_lang, target_lang = state.languages
+    for name, value in (("source", source), ("target", target)):
+        if not isinstance(value, str):
+            raise RequestError(400, f"Invalid request: {name} must be a string (got {json_kind(value)})")
     if source not in (source_lang, "auto"):
         raise RequestError(400, f"{clip(str(source))} is not supported as the source language; this model translates "
                                 f"{source_lang} to {target_lang}")

@@ -59,7 +59,8 @@ async def libretranslate(request: Request) -> JSONResponse:
     fmt = data.get("format") or "text"
     if fmt not in FORMATS:
         raise RequestError(400, f"format {clip(repr(fmt))} is not supported; this server translates format text or html")
-    alternatives = as_int(data.get("alternatives") or 0, "alternatives", 0, 16)
+    given = data.get("alternatives")
+    alternatives = 0 if given is None else as_int(given, "alternatives", 0, 16)
     if alternatives and fmt == "html":
         raise RequestError(400, "alternatives are given for format text only; format html is translated whole "
                                 "with its markup (leave alternatives out)")

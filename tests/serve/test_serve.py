@@ -454,6 +454,52 @@ def test_no_json_input_gets_500(run_dir):
                 assert set(answer) == {"error"} and len(answer["error"]) < 400, (path, body, answer)
 
 
+def partial_body(port: int, close: bool) -> bytes:
+    """Headers promising 1,000 bytes of body, 8 of them sent; then close, or wait for the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"q\": \"ho")
+        if close:
+            return b""
+        answer = b""
+        while not answer.endswith(b"}"):  # the headers and the JSON body may come apart
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def test_a_body_that_stops_coming_gets_408_and_a_vanished_client_no_traceback(run_dir, tmp_path):
+    s = Server(run_dir, tmp_path, "--timeout", "2")
+    try:
+        started = time.monotonic()
+        answer = partial_body(s.port, close=False)
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 2 s" in answer
+        assert time.monotonic() - started < 20
+        for _ in range(3):
+            partial_body(s.port, close=True)
+        time.sleep(1)
+        assert s.post("/translate", {"q": "hola", "source": "es", "target": "en"})[0] == 200  # still serving
+        responses = s.metrics()["responses"]
+        assert "500" not in responses and responses.get("408") == 1
+        assert "Traceback" not in s.log.read_text()
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("target", ["en"], "Invalid request: target must be a string (got a list)"),
+    ("source", 5, "Invalid request: source must be a string (got a number)"),
+    ("alternatives", [], "Invalid request: alternatives must be a whole number from 0 to 16 (got [])"),
+    ("alternatives", False, "Invalid request: alternatives must be a whole number from 0 to 16 (got False)"),
+])
+def test_a_field_of_the_wrong_type_is_named(server, field, value, message):
+    body = {"q": "hola", "source": "es", "target": "en", "api_key": KEY, field: value}
+    status, _, answer = server.post("/translate", body)
+    assert (status, answer) == (400, {"error": message})
+
+
 def test_api_key_in_a_header_or_the_body(server):
     request = {"q": "hola", "source": "es", "target": "en"}
     assert server.post("/translate", request, headers={"X-API-Key": "other-key"})[0] == 200
