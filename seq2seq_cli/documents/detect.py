@@ -68,9 +68,8 @@ def text_encoding(name: str, data: bytes, fmt: DocumentFormat) -> str:
         if meta is None:
             return "utf-8"
         named = meta.group(1).decode("ascii")
-        try:
-            codec = codecs.lookup(named)
-        except LookupError:
+        codec = web_codec(named)
+        if codec is None:
             raise UserError(f"{name}: its <meta> names the charset {named}, which is not known") from None
         if codec.name.startswith(("utf-16", "utf-32")):  # read as ASCII, the page cannot be in it (the HTML standard's rule)
             return "utf-8"
@@ -78,14 +77,33 @@ def text_encoding(name: str, data: bytes, fmt: DocumentFormat) -> str:
     if found is None:
         return "utf-8"
     declared = found.group(1).decode("ascii")
-    try:
-        codec = codecs.lookup(declared)
-    except LookupError:
+    codec = web_codec(declared)
+    if codec is None:
         raise UserError(f"{name}: its XML declaration names the encoding {declared}, which is not known") from None
     if codec.name.startswith(("utf-16", "utf-32")):  # read as ASCII, the declaration cannot be theirs
         raise UserError(f"{name}: its XML declaration names {declared}, but the file is not in it "
                         "(a UTF-16 or UTF-32 file starts with a byte-order mark)")
     return codec.name
+
+
+WEB_CODECS = frozenset([
+    "utf-8", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be", "ascii", "cp866", "cp874",
+    *(f"cp{n}" for n in range(1250, 1259)), *(f"iso8859-{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 15, 16)),
+    "koi8-r", "koi8-u", "mac-roman", "mac-cyrillic", "shift_jis", "euc_jp", "iso2022_jp", "gb18030", "gbk", "gb2312",
+    "big5", "big5hkscs", "euc_kr",
+])
+"""Python's names of the text encodings web pages are written in (the WHATWG Encoding
+standard's, with Python's codecs); others Python knows (hex, base64, rot13, UTF-7, unicode-escape
+...) are not how a page is stored, and a browser would not read one so."""
+
+
+def web_codec(label: str) -> codecs.CodecInfo | None:
+    """The codec of an encoding a page or XML document may name (`WEB_CODECS`), or None."""
+    try:
+        codec = codecs.lookup(label)
+    except LookupError:
+        return None
+    return codec if codec.name in WEB_CODECS else None
 
 
 def document_text(name: str, data: bytes, fmt: DocumentFormat) -> str:

@@ -222,7 +222,12 @@ class MarkupDocument:
                 self.root = lhtml.document_fromstring(body, parser=parser)
             else:
                 self.fragment = True
-                self.root = lhtml.fragment_fromstring(body, create_parent="div", parser=parser)
+                try:
+                    self.root = lhtml.fragment_fromstring(body, create_parent="div", parser=parser)
+                except ValueError:  # lxml refuses its leading text: a control character before the first tag
+                    bad = next((c for c in body if ord(c) < 32 and c not in "\t\n\r" or c in "\ufffe\uffff"), "?")
+                    raise UserError(f"{name}: the text before its first tag holds U+{ord(bad):04X}, a character "
+                                    "HTML cannot hold; remove it") from None
         if _depth(self.root) > MAX_NESTING:
             raise _too_deep(name, MAX_NESTING)
         html_rules = fmt == "html"

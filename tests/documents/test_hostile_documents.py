@@ -382,3 +382,23 @@ def test_a_utf16_document_is_named_by_its_byte_order_mark():
     with pytest.raises(UserError, match=r"^u\.html: not UTF-8 text \(invalid byte at 0\); the file starts with the "
                                         r"byte-order mark of UTF-16: save it as UTF-8$"):
         check_document("u.html", "<p>Hola</p>".encode("utf-16"), DocumentFormat.html)
+
+
+@pytest.mark.parametrize("label", ["hex", "utf-7", "unicode-escape", "idna", "cp037"])
+@pytest.mark.parametrize("where", ["meta", "declaration"])
+def test_a_codec_no_page_is_stored_in_is_refused_as_not_known(label, where):
+    """Python knows these codecs, a browser reads no page in them: UTF-7 would turn +ADw-script+AD4- into a tag."""
+    head = f'<meta charset="{label}">' if where == "meta" else ""
+    page = f'<html><head>{head}</head><body><p>Hola.</p>+ADw-script+AD4-</body></html>'
+    if where == "declaration":
+        page = f'<?xml version="1.0" encoding="{label}"?>\n' + page
+    said = "its <meta> names the charset" if where == "meta" else "its XML declaration names the encoding"
+    with pytest.raises(UserError, match=rf"^page\.html: {said} {label}, which is not known$"):
+        check_document("page.html", page.encode("ascii"), DocumentFormat.html)
+
+
+@pytest.mark.parametrize("lead", ["\x01", "\x1b", "\ufffe"])
+def test_a_control_character_before_the_first_tag_is_one_line(capitals, lead):
+    with pytest.raises(UserError, match=rf"^x: the text before its first tag holds U\+{ord(lead):04X}, a character HTML "
+                                        r"cannot hold; remove it$"):
+        translate_bytes(None, "x", f"{lead}hola <b>mundo</b>".encode(), DocumentFormat.html, ES)  # type: ignore[arg-type]

@@ -500,6 +500,12 @@ def test_a_field_of_the_wrong_type_is_named(server, field, value, message):
     assert (status, answer) == (400, {"error": message})
 
 
+def test_html_starting_with_a_control_character_is_a_400(server):
+    body = {"q": "\u0001hola <b>mundo</b>", "source": "es", "target": "en", "format": "html", "api_key": KEY}
+    status, _, answer = server.post("/translate", body)
+    assert status == 400 and "holds U+0001, a character HTML cannot hold" in answer["error"]
+
+
 def test_api_key_in_a_header_or_the_body(server):
     request = {"q": "hola", "source": "es", "target": "en"}
     assert server.post("/translate", request, headers={"X-API-Key": "other-key"})[0] == 200
