@@ -221,10 +221,15 @@ def check_text_file(path: Path) -> int:
         raise UserError(f"{path}: cannot read (a directory, expected a text file)")
     if not path.exists():
         raise UserError(f"{path}: input file not found")
+    if not path.is_file():  # checked, then read again: a pipe would be empty the second time
+        raise UserError(f"{path}: not a regular file (a pipe or a device is read once, and an input is read twice: "
+                        "to check it, then to use it); save it to a file first, or give translate standard input with -i -")
     try:
         return check_utf8(path)
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except EOFError as exc:  # a .gz or .xz file cut short
+        raise UserError(f"{path}: cannot read (cut short: {exc})") from None
 
 
 BOM = "\ufeff"  # the byte-order mark, skipped at the start of every text input

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -188,3 +189,22 @@ def test_a_utf16_or_utf32_file_is_named_as_such(tmp_path, encoding, name):
         check_utf8(path)
     assert str(caught.value).startswith(f"{path}:1: invalid UTF-8 at byte 0")
     assert str(caught.value).endswith(f"the file starts with the byte-order mark of {name}: save it as UTF-8")
+
+
+def test_a_pipe_as_an_input_is_refused_not_read_empty(tmp_path):
+    """An input is checked, then read again; a FIFO (or `<(cmd)`) would be empty the second time."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match=r"pipe: not a regular file \(a pipe or a device is read once"):
+        check_text_file(fifo)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+def test_a_compressed_input_cut_short_is_named(tmp_path, suffix):
+    import lzma
+
+    whole = (gzip.compress if suffix == ".gz" else lzma.compress)(("hola mundo\n" * 2000).encode())
+    path = tmp_path / f"cut.es{suffix}"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match=rf"^{re.escape(str(path))}: cannot read \(cut short: "):
+        check_text_file(path)
