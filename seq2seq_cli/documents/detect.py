@@ -67,19 +67,14 @@ def text_encoding(name: str, data: bytes, fmt: DocumentFormat) -> str:
         meta = META_CHARSET.search(data[:SNIFF_BYTES])
         if meta is None:
             return "utf-8"
-        named = meta.group(1).decode("ascii")
-        codec = web_codec(named)
-        if codec is None:
-            raise UserError(f"{name}: its <meta> names the charset {named}, which is not known") from None
+        codec = named_codec(name, meta, "its <meta> names the charset")
         if codec.name.startswith(("utf-16", "utf-32")):  # read as ASCII, the page cannot be in it (the HTML standard's rule)
             return "utf-8"
-        return "cp1252" if codec.name in ("latin-1", "iso8859-1", "ascii") else codec.name
+        return "cp1252" if codec.name in ("iso8859-1", "ascii") else codec.name
     if found is None:
         return "utf-8"
     declared = found.group(1).decode("ascii")
-    codec = web_codec(declared)
-    if codec is None:
-        raise UserError(f"{name}: its XML declaration names the encoding {declared}, which is not known") from None
+    codec = named_codec(name, found, "its XML declaration names the encoding")
     if codec.name.startswith(("utf-16", "utf-32")):  # read as ASCII, the declaration cannot be theirs
         raise UserError(f"{name}: its XML declaration names {declared}, but the file is not in it "
                         "(a UTF-16 or UTF-32 file starts with a byte-order mark)")
@@ -97,13 +92,17 @@ standard's, with Python's codecs); others Python knows (hex, base64, rot13, UTF-
 ...) are not how a page is stored, and a browser would not read one so."""
 
 
-def web_codec(label: str) -> codecs.CodecInfo | None:
-    """The codec of an encoding a page or XML document may name (`WEB_CODECS`), or None."""
+def named_codec(name: str, found: re.Match[bytes], said: str) -> codecs.CodecInfo:
+    """The codec of the encoding `found` names (its group 1) where a page or XML document may
+    be in it (`WEB_CODECS`); else a UserError: 'NAME: SAID LABEL, which is not known'."""
+    label = found.group(1).decode("ascii")
     try:
         codec = codecs.lookup(label)
     except LookupError:
-        return None
-    return codec if codec.name in WEB_CODECS else None
+        codec = None
+    if codec is None or codec.name not in WEB_CODECS:
+        raise UserError(f"{name}: {said} {label}, which is not known")
+    return codec
 
 
 def document_text(name: str, data: bytes, fmt: DocumentFormat) -> str:
