@@ -24,6 +24,8 @@ class SplitConfig(Section):
     revision: str | None = Field(None, description="the Hub dataset's revision (branch, tag or commit); null = the newest cached")
     src_column: str | None = Field(None, description="the Hub dataset's source column; null = translation[src_lang]")
     tgt_column: str | None = Field(None, description="the Hub dataset's target column; null = translation[tgt_lang]")
+    src_lang: str | None = Field(None, description="this split's source language; null = data.src_lang")
+    tgt_lang: str | None = Field(None, description="this split's target language; null = data.tgt_lang")
 
     @model_validator(mode="after")
     def _one_place(self) -> SplitConfig:
@@ -48,9 +50,10 @@ class SplitConfig(Section):
 
     def key(self) -> str:
         """What tells two splits apart (a path normalised, or the Hub dataset's name, config and split)."""
+        langs = f":{self.src_lang}:{self.tgt_lang}" if self.src_lang or self.tgt_lang else ""
         if self.path is not None:
-            return os.path.normpath(self.path)
-        return f"hub:{self.hub}:{self.config}:{self.split}:{self.revision}:{self.src_column}:{self.tgt_column}"
+            return os.path.normpath(self.path) + langs
+        return f"hub:{self.hub}:{self.config}:{self.split}:{self.revision}:{self.src_column}:{self.tgt_column}{langs}"
 
     def __str__(self) -> str:
         return self.describe()
@@ -90,7 +93,6 @@ class CorpusConfig(SplitConfig):
 
 CORPUS_LIST = "corpora"  # the tag pydantic puts in an error's location for the list form of data.train
 SPLIT_MAPPING = "mapping"  # ... and for the mapping form of data.valid and data.test ({hub: ..., split: ...})
-SPLIT_TAGS = ("path", CORPUS_LIST, SPLIT_MAPPING)  # every such tag, which error messages leave out
 
 TrainSplit = Annotated[
     Annotated[str, Tag("path")] | Annotated[list[CorpusConfig], Tag(CORPUS_LIST)],
@@ -98,9 +100,20 @@ TrainSplit = Annotated[
 ]
 
 
+SPLIT_LIST = "splits"  # ... and for the list form of data.valid and data.test (one split per language pair)
+SPLIT_TAGS = ("path", CORPUS_LIST, SPLIT_MAPPING, SPLIT_LIST)  # every such tag, which error messages leave out
+
+
+def _split_tag(value: Any) -> str:
+    if isinstance(value, list):
+        return SPLIT_LIST
+    return SPLIT_MAPPING if isinstance(value, (dict, SplitConfig)) else "path"
+
+
 OneSplit = Annotated[
-    Annotated[str, Tag("path")] | Annotated[SplitConfig, Tag(SPLIT_MAPPING)],
-    Discriminator(lambda v: SPLIT_MAPPING if isinstance(v, (dict, SplitConfig)) else "path"),
+    Annotated[str, Tag("path")] | Annotated[SplitConfig, Tag(SPLIT_MAPPING)]
+    | Annotated[list[SplitConfig], Tag(SPLIT_LIST)],
+    Discriminator(_split_tag),
 ]
 
 
@@ -148,7 +161,9 @@ class DataConfig(Section):
         description="training split: a prefix (text files), a .tsv/.jsonl/.tmx file or a Moses .zip; a Hub dataset "
         "{hub, config, split}; or a list of corpora, each {path or hub, weight, tag}"
     )
-    valid: OneSplit | None = Field(None, description="validation split, as train (one path, or a Hub dataset)")
+    valid: OneSplit | None = Field(
+        None, description="validation split, as train (one path, or a Hub dataset); several language pairs: a list, "
+        "each {path, src_lang, tgt_lang}")
     test: OneSplit | None = Field(None, description="test split, as valid (used by the quick start)")
     format: Literal["auto", "text", "tsv", "jsonl", "tmx", "moses"] = Field(
         "auto", description="auto: .tsv/.jsonl/.tmx (optionally .gz or .xz) and .zip by file name, else two aligned text files"
@@ -164,6 +179,22 @@ class DataConfig(Section):
     dedup: bool = Field(False, description="drop repeated (source, target) training pairs (as filters.duplicates: exact)")
     filters: FiltersConfig = Field(FiltersConfig(), description="the cleaning filters of the training corpora")
     num_proc: int = Field(1, ge=1, description="processes for reading and encoding")
+    temperature: float = Field(
+        5.0, ge=1.0, allow_inf_nan=False,
+        description="language pairs of several are drawn with probability proportional to (pairs)^(1/temperature): "
+        "1 = as many as each has, higher = closer to even (a small pair is not drowned)")
+    target_tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description="target language -> the source token that names it (an imported OPUS-MT model's >>xx<<); "
+        "empty: >>xx<< for each target of a run with several")
+
+    @field_validator("target_tokens")
+    @classmethod
+    def _token_pieces(cls, tokens: dict[str, str]) -> dict[str, str]:
+        for lang, token in tokens.items():
+            if not token or token != token.strip() or len(token.split()) != 1:
+                raise ValueError(f"{lang}: {token!r}: a language token is one piece without spaces, e.g. '>>{lang}<<'")
+        return tokens
 
     @field_validator("train", mode="before")
     @classmethod
@@ -195,3 +226,53 @@ class DataConfig(Section):
     def tags(self) -> list[str]:
         """The corpus tags, each once, in the order given."""
         return list(dict.fromkeys(c.tag for c in self.corpora if c.tag))
+
+    def pair_of(self, split: str | SplitConfig) -> tuple[str, str]:
+        """The (source, target) languages of a split or corpus: its own where it names them,
+        else the run's data.src_lang and data.tgt_lang."""
+        if isinstance(split, SplitConfig):
+            return split.src_lang or self.src_lang, split.tgt_lang or self.tgt_lang
+        return self.src_lang, self.tgt_lang
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (source, target) pair the run learns, in the order its corpora name them; an
+        imported model with language tokens: each of its sources to each target it names."""
+        pairs = list(dict.fromkeys(self.pair_of(c) for c in self.corpora))
+        if self.target_tokens:
+            sources = list(dict.fromkeys(s for s, _ in pairs))
+            pairs = list(dict.fromkeys(pairs + [(s, t) for s in sources for t in self.target_tokens]))
+            pairs = [(s, t) for s, t in pairs if t in self.target_tokens]
+        return pairs
+
+    @property
+    def targets(self) -> list[str]:
+        """The target languages, each once."""
+        return list(dict.fromkeys(t for _, t in self.pairs))
+
+    def target_token(self, tgt: str) -> str | None:
+        """The source token that names target `tgt` (OPUS-MT's form, `>>xx<<`, in front of each
+        source): data.target_tokens's where given, `>>tgt<<` in a run with several targets, None
+        in a run with one (nothing to name)."""
+        if self.target_tokens:
+            return self.target_tokens.get(tgt)
+        return f">>{tgt}<<" if len(self.targets) > 1 else None
+
+    @property
+    def language_tokens(self) -> list[str]:
+        """The language tokens of the run's targets (none in a run with one target)."""
+        return [tok for t in self.targets if (tok := self.target_token(t)) is not None]
+
+    def source_prefix(self, split: str | SplitConfig) -> list[str]:
+        """The tokens in front of each source of a corpus: its target's language token, then
+        its tag (where it has them)."""
+        token = self.target_token(self.pair_of(split)[1])
+        tag = split.tag if isinstance(split, CorpusConfig) else None
+        return [t for t in (token, tag) if t]
+
+    def eval_splits(self, which: str) -> list[str | SplitConfig]:
+        """The splits of data.valid or data.test (`which`): none, one, or one per pair."""
+        value = getattr(self, which)
+        if value is None:
+            return []
+        return list(value) if isinstance(value, list) else [value]

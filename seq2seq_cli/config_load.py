@@ -234,7 +234,8 @@ def with_absolute_paths(config: Config) -> Config:
     d, t = config.data, config.tokenizer
     train = ([_absolute_split(c).model_copy(update={"scores": c.scores and _absolute(c.scores)}) for c in d.train]
              if isinstance(d.train, list) else _absolute(d.train))
-    data = d.model_copy(update={"train": train, **{k: _absolute_split(v) for k in ("valid", "test") if (v := getattr(d, k))}})
+    data = d.model_copy(update={"train": train, **{k: [_absolute_split(x) for x in v] if isinstance(v, list)
+                                                   else _absolute_split(v) for k in ("valid", "test") if (v := getattr(d, k))}})
     tokenizer = t.model_copy(update={k: _absolute(v) for k in ("src_model", "tgt_model") if (v := getattr(t, k))})
     return config.model_copy(update={"data": data, "tokenizer": tokenizer})
 

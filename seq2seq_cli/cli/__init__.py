@@ -24,7 +24,9 @@ from seq2seq_cli.cli.options import (
     OneLineErrors,
     SetOpt,
     SplitOpt,
+    SrcLangOpt,
     TagOpt,
+    TgtLangOpt,
     decode_options,
     user_errors,
 )
@@ -42,7 +44,8 @@ app = typer.Typer(
 
 
 def load_translator(model: list[Path], device: str, decode: dict[str, object], tag: str | None, engine: Engine,
-                    nbest: int = 1, per_line: str | None = None) -> Any:
+                    nbest: int = 1, per_line: str | None = None, src_lang: str | None = None,
+                    tgt_lang: str | None = None) -> Any:
     """The Translator of `--model` (one run, or several as an ensemble), with --tag and --engine
     (`seq2seq_cli/decode/loading.py`); the path it takes goes to stderr as the first log line."""
     from tqdm import tqdm
@@ -50,7 +53,7 @@ def load_translator(model: list[Path], device: str, decode: dict[str, object], t
     from seq2seq_cli.decode.deferred import Deferred
     from seq2seq_cli.decode.loading import load_translator as load
 
-    choice = load(model, device, decode, tag, engine, nbest, per_line)
+    choice = load(model, device, decode, tag, engine, nbest, per_line, src_lang, tgt_lang)
     line = f"translating with {', '.join(str(m) for m in model)} ({choice.describe()})"
     # said when the first sentences are decoded: input refused before that is still a one-line error;
     # tqdm.write puts it above a progress bar already drawn
@@ -148,16 +151,27 @@ def info(
         from seq2seq_cli.run.loaded import load_model
 
         loaded = load_model(model)
-        net, report = loaded.model, read_data_report(loaded.run_dir)
+        net, report, data = loaded.model, read_data_report(loaded.run_dir), loaded.config.data
     else:
         assert config is not None  # one of the two, checked above
-        net, report = model_from_config(_load(config, set_)), None
+        cfg = _load(config, set_)
+        net, report, data = model_from_config(cfg), None, cfg.data
     typer.echo(info_report(net, src_len, tgt_len))
+    typer.echo(pairs_line(data))
     if report is not None:
         from seq2seq_cli.data.report import report_table
 
         typer.echo("")
         typer.echo(report_table(report))
+
+
+def pairs_line(data: Any) -> str:
+    """The run's language pairs in one line, with the tokens that name its targets."""
+    from seq2seq_cli.languages import pair_text
+
+    tokens = [f"{t} {tok}" for t in data.targets if (tok := data.target_token(t))]
+    named = f"; the target named by the source token: {', '.join(tokens)}" if tokens else ""
+    return f"language pairs: {pair_text(data.pairs)}{named}"
 
 
 @app.command()
@@ -179,6 +193,8 @@ def translate(
     progress: Annotated[bool, typer.Option(help="Show a progress bar (sentences/s) for files.")] = True,
     prefix: Annotated[Path | None, typer.Option("--prefix", help="Target text each output must start with, one line per input line (an empty line for none); the search continues after it.")] = None,
     tag: TagOpt = None,
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
     split: SplitOpt = True,
     format: Annotated[DocumentFormat, typer.Option("--format", help="auto (by the input's name, else its content: an HTML page, an XML document; stdin is text), text (line by line), html, xml, docx or odt: a document is translated whole, its markup and formatting kept.")] = DocumentFormat.auto,
     engine: EngineOpt = Engine.auto,
@@ -196,7 +212,7 @@ def translate(
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
     per_line = ("forced prefixes decode with our searches" if prefix is not None else
                 "constraints and glossary terms decode with our searches" if terminology is not None else None)
-    translator = load_translator(model, device, decode, tag, engine, nbest, per_line)
+    translator = load_translator(model, device, decode, tag, engine, nbest, per_line, src_lang, tgt_lang)
     layers = translator.cfg.decoder_layers
     if not -layers <= attention_layer < layers:
         raise UserError(f"--attention-layer {attention_layer}: the model has {layers} decoder layers")
@@ -261,6 +277,8 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON line.")] = False,
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
     split: SplitOpt = True,
     engine: EngineOpt = Engine.auto,
     *,
@@ -276,9 +294,11 @@ def evaluate(
         raise UserError("--model and --src go together: translate --src with --model and score against --ref")
     translator = None
     if model is not None:
-        translator = load_translator(model, device, decode, tag, engine)
+        translator = load_translator(model, device, decode, tag, engine, src_lang=src_lang, tgt_lang=tgt_lang)
     elif tag is not None:
         raise UserError(f"--tag {tag}: goes with --model and --src (it is put in front of each source line)")
+    elif src_lang is not None or tgt_lang is not None:
+        raise UserError("--src-lang and --tgt-lang go with --model and --src (they pick the run's language pair)")
     translate = None
     if translator is not None and split:
         from seq2seq_cli.documents.lines import translate_sentences
@@ -308,6 +328,8 @@ def score(
     output: Annotated[str, typer.Option("--output", "-o", help="Where the scores go, one a line in input order; - = stdout.")] = "-",
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", min=1, help="Source or target tokens per batch, padding included.")] = 4096,
     device: DeviceOpt = "auto",
+    src_lang: SrcLangOpt = None,
+    tgt_lang: TgtLangOpt = None,
 ) -> None:
     """Score pairs with a trained model: each target's mean log-probability given its source (higher is better), or with --reverse-model the dual score; for data.train[].scores."""
     from seq2seq_cli.data.scoring import read_pairs, score_pairs
@@ -318,7 +340,7 @@ def score(
     where = pick_device(device, setting="--device")
     runs = [load_run(m, where) for m in (model, reverse_model) if m is not None]
     inputs = {flag: path for flag, path in (("--input", input), ("--src", src), ("--tgt", tgt)) if path is not None}
-    count = score_pairs(runs, where, pairs, output, batch_tokens, inputs)
+    count = score_pairs(runs, where, pairs, output, batch_tokens, inputs, src_lang, tgt_lang)
     if output != "-":
         typer.echo(f"wrote {count} scores to {output}", err=True)
 

@@ -63,6 +63,12 @@ ModelsOpt = Annotated[list[Path], typer.Option(
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda or cuda:N.")]
 TagOpt = Annotated[str | None, typer.Option(
     "--tag", help="A token put in front of each source line, as a corpus tag was in training: '<bt>', '>>fr<<'.")]
+SrcLangOpt = Annotated[str | None, typer.Option(
+    "--src-lang", help="The source language, of the run's pairs (`seq2seq info --model RUN` lists them); needed only "
+    "to name it: the model reads any of its sources.")]
+TgtLangOpt = Annotated[str | None, typer.Option(
+    "--tgt-lang", help="The target language, of the run's pairs; needed where the run translates into several "
+    "(its language token goes in front of each source).")]
 EngineOpt = Annotated[Engine, typer.Option(
     "--engine", help="auto (CTranslate2 where it is installed and can decode the run and the options, else our own "
     "searches; the first log line says which), torch (our own searches) or ctranslate2 (CTranslate2 where the options "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from seq2seq_cli.data.encoding import EncodedCorpus, describe_drops, encoded_split
 from seq2seq_cli.data.indices import CHUNK, index_dtype
-from seq2seq_cli.data.tokenizer import tag_id
+from seq2seq_cli.data.tokenizer import source_prefix
 from seq2seq_cli.errors import UserError
 
 DRAW_STREAM = 0x5EED  # keeps the draws' generators apart from the batch order's (seed, epoch)
@@ -47,6 +47,7 @@ class Part:
     dropped: dict[str, int] = field(default_factory=dict)
     prefix: tuple[int, ...] = ()  # the tag's id, or nothing
     source: dict[str, Any] = field(default_factory=dict)  # where its pairs came from: files, or a Hub dataset's revision
+    pair: str = ""  # its languages, 'es-en', in a run of several pairs
 
     @property
     def read(self) -> int:
@@ -64,7 +65,7 @@ class Part:
         """This corpus's counts for metrics.jsonl."""
         return {"path": self.path, "weight": self.weight, "tag": self.tag, "read": self.read, "kept": self.count,
                 **{f"dropped_{k}": v for k, v in self.dropped.items()}, "drawn_per_epoch": self.per_epoch,
-                **({"source": self.source} if self.source else {})}
+                **({"source": self.source} if self.source else {}), **({"pair": self.pair} if self.pair else {})}
 
 
 def _permutation(n: int, seed: int, corpus: int, cycle: int) -> np.ndarray:
@@ -148,34 +149,64 @@ def combine(corpora: list[EncodedCorpus], parts: list[Part]) -> EncodedCorpus:
     )
 
 
+def pair_factors(parts: list[Part], pairs: list[tuple[str, str]], temperature: float) -> list[float]:
+    """What each corpus's weight is multiplied by so that the language pairs are drawn with
+    temperature: pair p, with n_p pairs per epoch by the weights alone (of N in all), takes
+    N x q_p^(1/T) / sum(q^(1/T)) of an epoch, q_p = n_p / N. One pair: 1 for every corpus."""
+    drawn: dict[tuple[str, str], float] = {}
+    for part, pair in zip(parts, pairs):
+        drawn[pair] = drawn.get(pair, 0.0) + part.weight * part.count
+    if len(drawn) < 2:
+        return [1.0] * len(parts)
+    total = sum(drawn.values())
+    tempered = {pair: (n / total) ** (1.0 / temperature) for pair, n in drawn.items()}
+    norm = sum(tempered.values())
+    return [total * tempered[pair] / norm / drawn[pair] for pair in pairs]
+
+
 def encode_corpora(
     config, src_sp, tgt_sp, log: Callable[[str], None], cached: list[Path | None] | None = None,
 ) -> tuple[EncodedCorpus, list[Path | None]]:
     """The training corpora of a list `data.train`, each encoded (and cached) on its own with
-    its tag, combined into one corpus with its `Part`s; each is logged with its counts.
-    `cached`: the caches another process made of each corpus (rank 0 under torchrun), read as
-    they are. -> the combined corpus, and the cache of each corpus."""
+    its language token and tag, combined into one corpus with its `Part`s (their weights times
+    the temperature's factor of their language pair, `pair_factors`); each is logged with its
+    counts. `cached`: the caches another process made of each corpus (rank 0 under torchrun),
+    read as they are. -> the combined corpus, and the cache of each corpus."""
     d = config.data
     corpora, parts, start, paths = [], [], 0, []
+    pairs = [d.pair_of(entry) for entry in d.corpora]
     for i, entry in enumerate(d.corpora):
-        prefix = [tag_id(src_sp, entry.tag, config.where("data", "train", i, "tag"))] if entry.tag else []
+        prefix = source_prefix(config, src_sp, i, entry)
         corpus = encoded_split(config, entry, src_sp, tgt_sp, training=True, log=log, label=f"train.{i}",
                                prefix=prefix, cached=cached[i] if cached else None)
         paths.append(corpus.cache_path)
         if not len(corpus):
             raise UserError(f"{config.where('data', 'train', i)}: {entry}: no training pairs left after "
                             f"filtering ({describe_drops(corpus, config)})")
-        part = Part(str(entry), entry.weight, entry.tag, start, len(corpus), dict(corpus.dropped), tuple(prefix),
-                    corpus.source)
+        parts.append(Part(str(entry), entry.weight, entry.tag, start, len(corpus), dict(corpus.dropped), tuple(prefix),
+                          corpus.source))
+        corpora.append(corpus)
+        start += len(corpus)
+    factors = pair_factors(parts, pairs, d.temperature)
+    several = len(set(pairs)) > 1
+    for i, (entry, part, factor) in enumerate(zip(d.corpora, list(parts), factors)):
+        if several:
+            part = parts[i] = replace(part, weight=part.weight * factor, pair="-".join(pairs[i]))
         if not part.per_epoch:
             raise UserError(f"{config.where('data', 'train', i, 'weight')}: weight {entry.weight:g} draws no pair of the "
                             f"{part.count} kept in an epoch (round(weight x pairs kept) = 0); give a weight of at least "
                             f"{0.5 / part.count:.2g}, or leave the corpus out")
         tagged = f", tag {entry.tag}" if entry.tag else ""
-        revision = corpus.source.get("resolved_revision")
-        log(f"train: corpus {i} {entry}{f' @ {revision}' if revision else ''}: {part.read} pairs read, {part.count} kept "
-            f"({describe_drops(corpus, config)}); weight {entry.weight:g}{tagged}: {part.per_epoch} pairs per epoch")
-        corpora.append(corpus)
-        parts.append(part)
-        start += len(corpus)
+        token = f", {prefix_text(src_sp, part.prefix)}" if part.prefix else ""
+        pair = f" ({pairs[i][0]} -> {pairs[i][1]}{token})" if several else ""
+        tempered = f" x {factor:.3g} (temperature {d.temperature:g})" if several else ""
+        revision = corpora[i].source.get("resolved_revision")
+        log(f"train: corpus {i} {entry}{pair}{f' @ {revision}' if revision else ''}: {part.read} pairs read, {part.count} "
+            f"kept ({describe_drops(corpora[i], config)}); weight {entry.weight:g}{tempered}{tagged}: {part.per_epoch} "
+            "pairs per epoch")
     return combine(corpora, parts), paths
+
+
+def prefix_text(sp, ids: tuple[int, ...]) -> str:
+    """The pieces of a source prefix, as text: '>>es<<'."""
+    return " ".join(sp.id_to_piece(i) for i in ids)

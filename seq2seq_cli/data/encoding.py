@@ -266,7 +266,8 @@ def _empty_error(encoded, source: Source, langs: tuple[str, str]) -> None:
 def check_no_empty_lines(raw, value: SplitValue, d) -> None:
     """data.on_empty: error -> raise for the first pair whose source or target text is blank,
     naming its file and line (checked on the text, before a tokenizer is trained)."""
-    source = split_source(value, d.src_lang, d.tgt_lang, d.format)
+    langs = d.pair_of(value)
+    source = split_source(value, *langs, d.format)
     first = {
         side: pc.index(pc.equal(pc.utf8_trim_whitespace(raw.data.column(column)), ""), True).as_py()
         for side, column in (("source", "src"), ("target", "tgt"))
@@ -274,7 +275,7 @@ def check_no_empty_lines(raw, value: SplitValue, d) -> None:
     found = {side: index for side, index in first.items() if index >= 0}
     if found:
         side = min(found, key=lambda s: (found[s], s != "source"))  # the earliest pair; its source first
-        raise _empty_line(source, found[side], side, (d.src_lang, d.tgt_lang))
+        raise _empty_line(source, found[side], side, langs)
 
 
 def _split_filters(config, value: SplitValue, training: bool) -> tuple[Filters, tuple[Any, float] | None]:
@@ -284,9 +285,10 @@ def _split_filters(config, value: SplitValue, training: bool) -> tuple[Filters, 
     if not training:
         fits = config.model.max_positions - 1
         return Filters(fits, fits), None
+    filters = training_filters(d, d.pair_of(value))
     if isinstance(value, CorpusConfig) and value.scores is not None and value.drop_lowest > 0:
-        return training_filters(d), (value.scores, value.drop_lowest)
-    return training_filters(d), None
+        return filters, (value.scores, value.drop_lowest)
+    return filters, None
 
 
 def encoded_split(
@@ -305,9 +307,10 @@ def encoded_split(
     filters."""
     quiet_datasets()
     d, t = config.data, config.tokenizer
-    source = split_source(value, d.src_lang, d.tgt_lang, d.format)
+    src_lang, tgt_lang = d.pair_of(value)
+    source = split_source(value, src_lang, tgt_lang, d.format)
     filters, scores = _split_filters(config, value, training)
-    settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
+    settings = {"filters": filters.__dict__, "on_empty": d.on_empty, "src_lang": src_lang, "tgt_lang": tgt_lang,
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
     if scores is not None:
         score_file = Path(scores[0])
@@ -355,7 +358,7 @@ def _build(config, value: SplitValue, source: Source, src_sp, tgt_sp, filters: F
         release = PageRelease(RunLayout(config.run_path).cache)
         release()
         if d.on_empty == "error":
-            _empty_error(encoded, source, (d.src_lang, d.tgt_lang))
+            _empty_error(encoded, source, d.pair_of(value))
         if scores is not None:
             scores = (read_scores(scores[0], len(encoded), str(value)), scores[1])
         keep, dropped, drop = _keep(encoded, filters.dedup, release, scores, filters.cooccurrence)

@@ -95,8 +95,10 @@ class Filters:
     cooccurrence: float | None = None  # drop pairs scoring below this share of the median (`cooccurrence`)
 
 
-def training_filters(d) -> Filters:
-    """The filters of a training split from `data` settings (a `DataConfig`)."""
+def training_filters(d, pair: tuple[str, str] | None = None) -> Filters:
+    """The filters of a training split from `data` settings (a `DataConfig`); `pair`: the
+    corpus's (source, target) languages, which the language identifier checks each side
+    against (the run's data.src_lang and data.tgt_lang where not given)."""
     from seq2seq_cli.data.langid import identifier_code
 
     f = d.filters
@@ -105,7 +107,8 @@ def training_filters(d) -> Filters:
         return Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, dedup)
     if f.duplicates != "off":
         dedup = f.duplicates
-    langs = (identifier_code(d.src_lang), identifier_code(d.tgt_lang)) if f.langid else ("", "")
+    src_lang, tgt_lang = pair or (d.src_lang, d.tgt_lang)
+    langs = (identifier_code(src_lang), identifier_code(tgt_lang)) if f.langid else ("", "")
     return Filters(d.max_src_len, d.max_tgt_len, d.max_len_ratio, dedup, f.control, f.same, f.max_words, f.length_ratio,
                    f.numbers, f.urls, f.min_alpha, f.max_repeats, langs, f.langid_min_prob, f.cooccurrence)
 

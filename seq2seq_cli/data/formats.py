@@ -134,7 +134,7 @@ def corpus_sources(config) -> list[Source]:
     sources = []
     for i, corpus in enumerate(d.train):
         try:
-            sources.append(split_source(corpus, d.src_lang, d.tgt_lang, d.format))
+            sources.append(split_source(corpus, *d.pair_of(corpus), d.format))
         except UserError as exc:
             raise UserError(f"{config.where('data', 'train', i)}: {exc}") from None
     return sources
@@ -294,5 +294,5 @@ def read_split(config, value: SplitValue):
     """`read_parallel` of one split with the config's data settings (format, fields, processes),
     datasets' own cache in RUN/cache. `config` is a `seq2seq_cli.config.Config`."""
     d = config.data
-    return read_parallel(value, d.src_lang, d.tgt_lang, RunLayout(config.run_path).cache, format=d.format,
+    return read_parallel(value, *d.pair_of(value), RunLayout(config.run_path).cache, format=d.format,
                          src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)

@@ -23,7 +23,7 @@ import numpy as np
 from seq2seq_cli.data.encoding import EncodedCorpus, encoded_split
 from seq2seq_cli.data.filters import DESCRIPTIONS, ORDER, active, training_filters
 from seq2seq_cli.data.stats import DROPPED_FILE, DROPPED_HEADER, RATIO_BINS, add_histograms, percentiles
-from seq2seq_cli.data.tokenizer import tag_id
+from seq2seq_cli.data.tokenizer import source_prefix
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write, atomic_write_text
 from seq2seq_cli.layout import RunLayout
@@ -39,7 +39,7 @@ def encode_training(config, src_sp, tgt_sp, log: Callable[[str], None]) -> list[
         return [encoded_split(config, d.train, src_sp, tgt_sp, training=True, log=log)]
     corpora = []
     for i, entry in enumerate(d.corpora):
-        prefix = [tag_id(src_sp, entry.tag, config.where("data", "train", i, "tag"))] if entry.tag else []
+        prefix = source_prefix(config, src_sp, i, entry)
         corpora.append(encoded_split(config, entry, src_sp, tgt_sp, training=True, log=log, label=f"train.{i}",
                                      prefix=prefix))
     return corpora
@@ -49,17 +49,26 @@ def build_report(config, corpora: list[EncodedCorpus]) -> dict[str, Any]:
     """The report of the encoded training corpora (each with its cache's stats.json)."""
     d = config.data
     rows, hist_read, hist_kept = [], None, None
-    for corpus in corpora:
+    several = len(d.pairs) > 1
+    for entry, corpus in zip(d.corpora, corpora):
         if corpus.cache_path is None:
             raise UserError("the data report needs the encoded corpora's caches")
         stats = json.loads((corpus.cache_path / "stats.json").read_text(encoding="utf-8"))
         rows.append({"corpus": stats["corpus"], "source": stats["source"], "read": stats["read"], "kept": stats["pairs"],
-                     "dropped": stats["dropped"]})
+                     "dropped": stats["dropped"], **({"pair": "-".join(d.pair_of(entry))} if several else {})})
         hist_read = add_histograms(hist_read, stats["lengths"]["read"])
         hist_kept = add_histograms(hist_kept, stats["lengths"]["kept"])
     assert hist_read is not None and hist_kept is not None  # at least one corpus
-    on = active(training_filters(d), any(c.scores is not None and c.drop_lowest for c in d.corpora))
+    scored = any(c.scores is not None and c.drop_lowest for c in d.corpora)
+    on = set().union(*(active(training_filters(d, pair), scored) for pair in d.pairs))
     dropped = {code.key: sum(r["dropped"].get(code.key, 0) for r in rows) for code in ORDER}
+    pairs = {}
+    for row in rows if several else []:  # several language pairs: each one's counts
+        mine = pairs.setdefault(row["pair"], {"read": 0, "kept": 0, "dropped": {code.key: 0 for code in ORDER}})
+        mine["read"] += row["read"]
+        mine["kept"] += row["kept"]
+        for key, n in row["dropped"].items():
+            mine["dropped"][key] = mine["dropped"].get(key, 0) + n
     return {
         "version": REPORT_VERSION,
         "read": sum(r["read"] for r in rows), "kept": sum(r["kept"] for r in rows), "dropped": dropped,
@@ -69,6 +78,7 @@ def build_report(config, corpora: list[EncodedCorpus]) -> dict[str, Any]:
                     for stage, h in (("read", hist_read), ("kept", hist_kept))},
         "histograms": {"read": hist_read, "kept": hist_kept, "ratio_bins_log2": RATIO_BINS.tolist()},
         "corpora": rows,
+        **({"pairs": pairs} if pairs else {}),
     }
 
 
@@ -94,7 +104,12 @@ def report_table(report: dict[str, Any]) -> str:
             lines.append(f"  {side + ' (' + stage + ')':<44}{p['p50']:>6}{p['p90']:>6}{p['p99']:>6}{p['max']:>6}")
     if len(report["corpora"]) > 1:
         for i, row in enumerate(report["corpora"]):
-            lines.append(f"corpus {i} {row['corpus']}: {row['read']:,} read, {row['kept']:,} kept")
+            pair = f" ({row['pair']})" if "pair" in row else ""
+            lines.append(f"corpus {i} {row['corpus']}{pair}: {row['read']:,} read, {row['kept']:,} kept")
+    for pair, counts in report.get("pairs", {}).items():
+        drops = ", ".join(f"{k} {n:,}" for k, n in counts["dropped"].items() if n)
+        lines.append(f"pair {pair}: {counts['read']:,} read, {counts['kept']:,} kept"
+                     + (f" (dropped: {drops})" if drops else ""))
     revisions = [f"{row['corpus']} @ {row['source']['resolved_revision']}" for row in report["corpora"]
                  if row["source"].get("resolved_revision")]
     lines += [f"revision: {r}" for r in revisions]

@@ -22,6 +22,7 @@ import torch
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import check_output, check_text_file, iter_lines, write_lines
 from seq2seq_cli.ids import EOS, PAD
+from seq2seq_cli.languages import UNNAMED
 
 CHUNK = 10_000  # pairs read, scored and written at a time
 
@@ -36,12 +37,27 @@ class Scorer:
     decoder_start: int
     max_positions: int
     device: torch.device
+    languages: tuple[str, str] = ("src", "tgt")  # the pair scored (the run's, or one of its pairs)
+    prefix: tuple[int, ...] = ()  # the ids in front of each source: the target's language token, where the run has one
 
     @classmethod
-    def of_run(cls, run: Any, device: torch.device) -> Scorer:
-        """The scorer of a loaded run (`seq2seq_cli.run.loaded.LoadedRun`)."""
-        m = run.config.model
-        return cls(run.model.to(device).eval(), run.src_sp, run.tgt_sp, m.decoder_start_id, m.max_positions, device)
+    def of_run(cls, run: Any, device: torch.device, src_lang: str | None = None, tgt_lang: str | None = None,
+               flags: str = "") -> Scorer:
+        """The scorer of a loaded run (`seq2seq_cli.run.loaded.LoadedRun`) for the pair that
+        `src_lang` and `tgt_lang` pick (`languages.choose_pair`: needed where the run has
+        several targets); `flags` says which flags name them, for messages."""
+        from seq2seq_cli.data.tokenizer import tag_id
+        from seq2seq_cli.languages import choose_pair
+
+        m, d = run.config.model, run.config.data
+        try:
+            languages = choose_pair(d.pairs, src_lang, tgt_lang, str(run.run_dir))
+        except UserError as exc:
+            raise UserError(f"{flags}{exc}") from None
+        token = d.target_token(languages[1])
+        prefix = (tag_id(run.src_sp, token, f"{run.run_dir}: the language token of {languages[1]}"),) if token else ()
+        return cls(run.model.to(device).eval(), run.src_sp, run.tgt_sp, m.decoder_start_id, m.max_positions, device,
+                   languages, prefix)
 
     @torch.inference_mode()
     def score(self, pairs: list[tuple[str, str]], batch_tokens: int = 4096) -> list[float]:
@@ -49,7 +65,7 @@ class Scorer:
         positions are cut off), in the order of `pairs`; batches of similar lengths hold at most
         `batch_tokens` source or target tokens, padding included."""
         keep = self.max_positions - 1
-        src = [ids[:keep] + [EOS] for ids in self.src_sp.encode([s for s, _ in pairs])]
+        src = [(list(self.prefix) + ids if ids else ids)[:keep] + [EOS] for ids in self.src_sp.encode([s for s, _ in pairs])]
         tgt = [ids[:keep] for ids in self.tgt_sp.encode([t for _, t in pairs])]
         order = sorted(range(len(pairs)), key=lambda i: (len(tgt[i]), len(src[i])))
         out = [0.0] * len(pairs)
@@ -139,30 +155,37 @@ def scores(pairs: Iterable[tuple[str, str]], forward: Scorer, backward: Scorer |
         yield from (dual_score(a, b) for a, b in zip(ahead, behind))
 
 
-def check_directions(forward: Any, backward: Any) -> None:
+def check_directions(forward: Any, backward: Any, runs: list[Any]) -> None:
     """Refuse a reverse model whose languages are not the forward model's reversed (where both
-    runs name their languages: the defaults src and tgt say nothing)."""
-    a, b = forward.config.data, backward.config.data
-    named = {a.src_lang, a.tgt_lang, b.src_lang, b.tgt_lang}.isdisjoint({"src", "tgt"})
-    if named and (b.src_lang, b.tgt_lang) != (a.tgt_lang, a.src_lang):
-        raise UserError(f"--reverse-model {backward.run_dir} translates {b.src_lang}->{b.tgt_lang}; the dual score needs "
-                        f"{a.tgt_lang}->{a.src_lang}, the reverse of --model {forward.run_dir} ({a.src_lang}->{a.tgt_lang})")
+    runs name their languages: the defaults src and tgt say nothing); `forward` and `backward`
+    are the `Scorer`s of `runs`."""
+    a, b = forward.languages, backward.languages
+    named = {*a, *b}.isdisjoint({"src", "tgt"})
+    if named and b != (a[1], a[0]):
+        raise UserError(f"--reverse-model {runs[1].run_dir} translates {b[0]}->{b[1]}; the dual score needs "
+                        f"{a[1]}->{a[0]}, the reverse of --model {runs[0].run_dir} ({a[0]}->{a[1]})")
 
 
 def score_pairs(runs: list[Any], device: torch.device, pairs: Iterable[tuple[str, str]], output: str,
-                batch_tokens: int = 4096, inputs: dict[str, Path] | None = None) -> int:
+                batch_tokens: int = 4096, inputs: dict[str, Path] | None = None, src_lang: str | None = None,
+                tgt_lang: str | None = None) -> int:
     """Write the score of each pair (one number a line, in input order) to `output` (a file,
     written whole or not at all, or - for stdout); `runs` holds the forward run and optionally
-    the reverse one; `inputs` (flag -> file) are files the output may not replace -> the
-    number of pairs scored."""
+    the reverse one; `inputs` (flag -> file) are files the output may not replace; `src_lang`
+    and `tgt_lang` pick the pair of a run of several (the reverse run scores the other way) ->
+    the number of pairs scored."""
     if output != "-":
         for run in runs:
             check_output(Path(output), inputs or {}, run.run_dir, "the scores")
-    forward = Scorer.of_run(runs[0], device)
+    forward = Scorer.of_run(runs[0], device, src_lang, tgt_lang, "--model: ")
     backward = None
     if len(runs) > 1:
-        check_directions(runs[0], runs[1])
-        backward = Scorer.of_run(runs[1], device)
+        # a reverse run of several pairs is asked for the forward pair reversed; one of one pair is checked below
+        several = len(runs[1].config.data.pairs) > 1
+        src_back, tgt_back = [lang if several and lang not in UNNAMED and "/" not in lang else None
+                              for lang in reversed(forward.languages)]
+        backward = Scorer.of_run(runs[1], device, src_back, tgt_back, "--reverse-model: ")
+        check_directions(forward, backward, runs)
     lines = (f"{value:.6f}" for value in scores(pairs, forward, backward, batch_tokens))
     if output == "-":
         count = 0

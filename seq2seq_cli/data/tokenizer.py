@@ -62,6 +62,46 @@ def _sentences(dataset, columns: tuple[str, ...]) -> Iterator[str]:
             release_dataset(dataset)
 
 
+def language_shares(counts: dict[str, int], temperature: float) -> dict[str, float]:
+    """The share of the tokenizer's sentences each language gets: proportional to
+    (its sentences)^(1/temperature), as the pairs are drawn for training (1 = as many as it has)."""
+    weights = {lang: n ** (1.0 / temperature) for lang, n in counts.items() if n}
+    total = sum(weights.values())
+    return {lang: w / total for lang, w in weights.items()}
+
+
+def keep_rates(counts: dict[str, int], temperature: float) -> dict[str, float]:
+    """The share of each language's sentences the tokenizer trains on so that the languages
+    take `language_shares` of the text: the language furthest below its share is kept whole,
+    the others sampled down to match."""
+    shares = language_shares(counts, temperature)
+    scale = min(counts[lang] / share for lang, share in shares.items())
+    return {lang: min(1.0, scale * share / counts[lang]) for lang, share in shares.items()}
+
+
+def balanced_sentences(datasets: list[Any], pairs: list[tuple[str, str]], columns: tuple[str, ...], temperature: float,
+                       seed: int) -> Iterator[str]:
+    """The sentences of `columns` of each corpus (`datasets`, whose languages are `pairs`),
+    each language sampled at its `keep_rates` (a pure function of `seed`): a language with
+    less text keeps its share of the subwords instead of being drowned by a larger one."""
+    import numpy as np
+
+    side = {"src": 0, "tgt": 1}
+    counts: dict[str, int] = {}
+    for dataset, pair in zip(datasets, pairs):
+        for column in columns:
+            lang = pair[side[column]]
+            counts[lang] = counts.get(lang, 0) + sum(1 for _ in _sentences(dataset, (column,)))
+    rates = keep_rates(counts, temperature)
+    rng = np.random.default_rng([seed, 0x70C])
+    for dataset, pair in zip(datasets, pairs):
+        for column in columns:
+            rate = rates.get(pair[side[column]], 0.0)
+            for sentence in _sentences(dataset, (column,)):
+                if rate >= 1.0 or rng.random() < rate:
+                    yield sentence
+
+
 def _train_one(inputs: list[Path] | Callable[[], Iterator[str]], prefix: Path, config: Config,
                symbols: list[str] | None = None) -> None:
     """Train on plain text files, or on the sentences an iterator factory yields; `symbols`
@@ -131,11 +171,14 @@ def make_tokenizer(config: Config) -> list[Path]:
     src_file, tgt_file = source.files if source is not None and plain else (None, None)
 
     def feed(*columns: str) -> list[Path] | Callable[[], Iterator[str]]:
+        if len(d.pairs) > 1:  # several languages: each keeps its share of the subwords
+            return lambda: balanced_sentences(datasets, [d.pair_of(c) for c in d.corpora], columns, d.temperature,
+                                              config.train.seed)
         if src_file is not None and tgt_file is not None:  # plain
             return [{"src": src_file, "tgt": tgt_file}[c] for c in columns]
         return lambda: (s for dataset in datasets for s in _sentences(dataset, columns))
 
-    tags = d.tags  # corpus tags are single source pieces, never split
+    tags = list(dict.fromkeys(d.language_tokens + d.tags))  # language tokens and corpus tags: single source pieces, never split
     if t.joint:
         _train_one(feed("src", "tgt"), src_model.with_suffix(""), config, tags)
         return [src_model]
@@ -148,6 +191,18 @@ def all_pieces(sp: Any) -> list[str]:
     """Every piece of the tokenizer `sp` (a SentencePiece processor, or a vocabulary-file
     tokenizer), in id order."""
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def source_prefix(config: Config, sp: Any, index: int, entry: Any) -> list[int]:
+    """The ids in front of each source of training corpus `index` (`entry`, a `CorpusConfig`):
+    its target's language token in a run with several targets, then its tag."""
+    d = config.data
+    token = d.target_token(d.pair_of(entry)[1])
+    where = f"{config.where('data', 'train', index)}: the language token of {d.pair_of(entry)[1]}"
+    ids = [tag_id(sp, token, where)] if token else []
+    if entry.tag:
+        ids.append(tag_id(sp, entry.tag, config.where("data", "train", index, "tag")))
+    return ids
 
 
 def tag_id(sp: Any, tag: str, where: str) -> int:

@@ -27,7 +27,7 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.deferred import Deferred
 from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
 from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortlisted
-from seq2seq_cli.decode.translate import Translator
+from seq2seq_cli.decode.translate import Translator, run_pairs
 from seq2seq_cli.device import decoding_precision
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import sha256
@@ -66,14 +66,17 @@ class Choice:
 def load_translator(
     models: Sequence[str | Path], device: str = "auto", overrides: Mapping[str, object] | None = None,
     tag: str | None = None, engine: Engine = Engine.auto, nbest: int = 1, per_line: str | None = None,
+    src_lang: str | None = None, tgt_lang: str | None = None,
 ) -> Choice:
     """The translator of `models` (one run, or several as an ensemble) on `device`, with the
     decoding `overrides` (DecodeConfig keys, checked), `tag` in front of every source line, and
     the engine `engine` names (`auto`: CTranslate2 where it can run and decode `nbest` outputs
-    per line; `per_line`, when given, says why the lines need our searches: prefixes, constraints).
-    Options that cannot go together are refused here, before the command says which path decodes."""
+    per line; `per_line`, when given, says why the lines need our searches: prefixes, constraints),
+    for the language pair `src_lang` and `tgt_lang` pick (`Translator.with_pair`). Options that
+    cannot go together are refused here, before the command says which path decodes."""
     choice = choose(models, device, overrides, tag, engine, nbest, per_line)
     check_nbest(nbest, choice.translator.decode, flag_name)
+    choice.translator = choice.translator.with_pair(src_lang, tgt_lang)
     return choice
 
 
@@ -197,4 +200,4 @@ def deferred_translator(files: RunFiles, decode: DecodeConfig, run: Deferred[Loa
     return Translator(later(model.get), files.src_sp, files.tgt_sp, decode, later(cpu), files.run_dir,
                       (config.data.src_lang, config.data.tgt_lang), tags=tags,
                       listed=None if shortlist is None else later(load_listed), shortlist_file=shortlist,
-                      model_config=config.model)
+                      model_config=config.model, **run_pairs(config))

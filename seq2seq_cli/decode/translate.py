@@ -47,6 +47,13 @@ __all__ = ["Translator", "read_shortlist", "shortlisted"]
 FEW_LINES = 64  # fewer lines are tokenized one by one (`Translator.encode`)
 
 
+def run_pairs(config: Any) -> dict[str, Any]:
+    """A run's language pairs and target tokens, as `Translator` fields (`config`: its `Config`)."""
+    d = config.data
+    tokens = {t: tok for t in d.targets if (tok := d.target_token(t)) is not None}
+    return {"pairs": tuple(d.pairs), "target_tokens": tokens}
+
+
 @dataclass
 class Translator:
     """A loaded run: model, tokenizers and the decoding options to use. With several runs
@@ -72,6 +79,8 @@ class Translator:
     ensemble_runs: tuple[Path, ...] = ()  # the run directories of an ensemble's other members
     tag_ids: list[int] = field(default_factory=list)  # a tag's id, put in front of every source (`with_tag`)
     tags: tuple[str, ...] | None = None  # the corpus tags the run was trained with; None: any (an imported vocabulary)
+    pairs: tuple[tuple[str, str], ...] = ()  # every (source, target) pair the run translates (`DataConfig.pairs`)
+    target_tokens: dict[str, str] = field(default_factory=dict)  # target -> the source token naming it, where the run has them
     engine: SearchEngine | None = None  # another engine searching where it can (`seq2seq_cli/decode/engines.py`)
     if TYPE_CHECKING:  # with a shortlist: the model scoring only its shortlist (lines with no prefix)
         listed: Decoder | None = None
@@ -112,7 +121,7 @@ class Translator:
         tags = None if run.config.tokenizer.vocabulary == "file" else tuple(run.config.data.tags)
         listed = None if shortlist is None else shortlisted(models[0], read_shortlist(shortlist, run.src_sp, run.tgt_sp))
         return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags,
-                   listed=listed, shortlist_file=shortlist, model_config=model.cfg)
+                   listed=listed, shortlist_file=shortlist, model_config=model.cfg, **run_pairs(run.config))
 
     @property
     def cfg(self) -> ModelConfig:
@@ -152,6 +161,19 @@ class Translator:
             raise UserError(f"--tag {tag}: the run was trained with the tags {', '.join(self.tags)} (data.train of "
                             f"{config}); give one of them")
         return self.replaced(tag_ids=ids)
+
+    def with_pair(self, src: str | None, tgt: str | None) -> Translator:
+        """This translator for one of the run's language pairs (`pairs`), picked by --src-lang
+        and --tgt-lang (`languages.choose_pair`; None: not given): its languages set, and the
+        token that names the target (`target_tokens`, OPUS-MT's `>>xx<<`) put in front of every
+        source, before a tag's id."""
+        from seq2seq_cli.languages import choose_pair
+
+        where = str(self.run_dir) if self.run_dir is not None else "the run"
+        chosen = choose_pair(list(self.pairs) or [self.languages], src, tgt, where)
+        name = self.target_tokens.get(chosen[1])
+        ids = [tag_id(self.src_sp, name, f"{where}: the language token of {chosen[1]}")] if name else []
+        return self.replaced(languages=chosen, tag_ids=ids + self.tag_ids)
 
     def with_engine(self, engine: SearchEngine | None) -> Translator:
         """This translator with `engine` searching where it can (None: our searches alone)."""

@@ -46,6 +46,7 @@ from seq2seq_cli.data.tokenizer import (
     id_files,
     load_tokenizers,
     model_paths,
+    tag_id,
 )
 from seq2seq_cli.device import cpu_description, describe_cpu, resolve_precision
 from seq2seq_cli.errors import UserError
@@ -71,12 +72,28 @@ def make_optimizer(model: nn.Module, t: TrainConfig, device: torch.device) -> to
 
 
 @dataclass
+class ValidSplit:
+    """One validation split: its language pair, its encoded pairs (the target's language token
+    in front of each source, where the run has one), and its text, for BLEU."""
+
+    pair: tuple[str, str]
+    corpus: EncodedCorpus
+    raw: Any  # the validation text (a `datasets.Dataset`)
+    prefix: list[int]  # the ids in front of each source (the target's language token), or none
+
+    @property
+    def name(self) -> str:
+        """'es-en', as the per-pair keys of metrics.jsonl name it."""
+        return "-".join(self.pair)
+
+
+@dataclass
 class TrainData:
-    """The corpora a run trains and validates on, and the tokenizers that encoded them."""
+    """The corpora a run trains and validates on (one validation split, or one per language
+    pair), and the tokenizers that encoded them."""
 
     train: EncodedCorpus
-    valid: EncodedCorpus | None
-    valid_raw: Any  # the validation text (a `datasets.Dataset`), for BLEU
+    valids: list[ValidSplit]
     src_sp: Any
     tgt_sp: Any
 
@@ -86,9 +103,13 @@ class TrainData:
         rec: dict[str, Any] = {"step": 0, "train_pairs": len(self.train), **dropped}
         if self.train.parts is not None:  # several corpora: each one's counts
             rec["train_corpora"] = [part.record() for part in self.train.parts]
-        if self.valid is not None:
-            rec.update({"valid_pairs": len(self.valid), "valid_dropped_empty": self.valid.dropped["empty"],
-                        "valid_dropped_too_long": self.valid.dropped.get(Drop.TOO_LONG.key, 0)})
+        if self.valids:
+            corpora = [v.corpus for v in self.valids]
+            rec.update({"valid_pairs": sum(map(len, corpora)),
+                        "valid_dropped_empty": sum(c.dropped["empty"] for c in corpora),
+                        "valid_dropped_too_long": sum(c.dropped.get(Drop.TOO_LONG.key, 0) for c in corpora)})
+            if len(self.valids) > 1:
+                rec.update({f"valid_pairs/{v.name}": len(v.corpus) for v in self.valids})
         return rec
 
 
@@ -131,10 +152,11 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     where their own copy of the corpus has another path or time (one copy per machine)."""
     d, run_dir = config.data, config.run_path
     corpus_sources(config)  # a missing file is reported before anything else happens
-    if d.valid:
-        split_source(d.valid, d.src_lang, d.tgt_lang, d.format)
+    valid_splits = d.eval_splits("valid")
+    for split in valid_splits:
+        split_source(split, *d.pair_of(split), d.format)
     caches = None if procs.main else distributed.from_main(procs, None)  # (rank 0 sends them below)
-    valid_raw = read_split(config, d.valid) if d.valid else None
+    valid_raw = [read_split(config, split) for split in valid_splits]
     if d.on_empty == "error":
         for corpus in d.corpora:
             check_no_empty_lines(read_split(config, corpus), corpus, d)
@@ -154,16 +176,27 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
         log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
         if not len(train_data):
             raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
-    valid_data = (encoded_split(config, d.valid, src_sp, tgt_sp, training=False, log=log, cached=caches and caches[1])
-                  if d.valid else None)
-    if d.valid and valid_data is not None and valid_data.dropped.get(Drop.TOO_LONG.key):
-        if not len(valid_data):
-            raise UserError(f"{d.valid}: no validation pair fits the model's {config.model.max_positions} positions "
-                            "(EOS or start counted); give a validation split of shorter sentences")
-        log(describe_skipped(str(d.valid), valid_data.dropped[Drop.TOO_LONG.key], config.model.max_positions))
+    valids = []
+    for i, (split, raw) in enumerate(zip(valid_splits, valid_raw)):
+        pair = d.pair_of(split)
+        token = d.target_token(pair[1])
+        where = config.where("data", "valid", *([i] if len(valid_splits) > 1 else []))
+        if len(d.pairs) > 1 and pair not in d.pairs:
+            raise UserError(f"{where}: {split} is {pair[0]} -> {pair[1]}, a pair the run does not learn "
+                            f"(data.train: {', '.join(f'{s} -> {t}' for s, t in d.pairs)})")
+        prefix = [tag_id(src_sp, token, f"{where}: the language token of {pair[1]}")] if token else []
+        label = "valid" if len(valid_splits) == 1 else f"valid.{i}"
+        corpus = encoded_split(config, split, src_sp, tgt_sp, training=False, log=log, label=label, prefix=prefix,
+                               cached=caches[1][i] if caches else None)
+        if corpus.dropped.get(Drop.TOO_LONG.key):
+            if not len(corpus):
+                raise UserError(f"{split}: no validation pair fits the model's {config.model.max_positions} positions "
+                                "(EOS or start counted); give a validation split of shorter sentences")
+            log(describe_skipped(str(split), corpus.dropped[Drop.TOO_LONG.key], config.model.max_positions))
+        valids.append(ValidSplit(pair, corpus, raw, prefix))
     if procs.main:
-        distributed.from_main(procs, (train_caches, valid_data.cache_path if valid_data else None))
-    return TrainData(train_data, valid_data, valid_raw, src_sp, tgt_sp)
+        distributed.from_main(procs, (train_caches, [v.corpus.cache_path for v in valids]))
+    return TrainData(train_data, valids, src_sp, tgt_sp)
 
 
 def write_shortlist(data: TrainData, path: Path, log: Callable[[str], None]) -> None:
