@@ -391,7 +391,7 @@ def import_(
     source: Annotated[Path, typer.Argument(help="A local Hugging Face Marian directory (config.json, model.safetensors, source.spm, target.spm, vocab.json).")],
     output: Annotated[Path, typer.Argument(help="Run directory to write.")],
     src_lang: Annotated[str, typer.Option("--src-lang", help="Source language suffix recorded in the run's config (data.src_lang).")] = "src",
-    tgt_lang: Annotated[str, typer.Option("--tgt-lang", help="Target language suffix recorded in the run's config (data.tgt_lang).")] = "tgt",
+    tgt_lang: Annotated[str | None, typer.Option("--tgt-lang", help="Target language suffix recorded in the run's config (data.tgt_lang); default tgt. A multi-target model (>>xx<< tokens in its vocabulary) keeps its targets as data.target_tokens: one of them, the first by default.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty run directory.")] = False,
 ) -> None:
     """Import a Hugging Face Marian (OPUS-MT) model into a run directory for translate, evaluate, export and info."""

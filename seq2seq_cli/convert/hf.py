@@ -26,6 +26,7 @@ weights through safetensors (or `torch.load(weights_only=True)`).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ INTS = ("vocab_size", "max_position_embeddings", "encoder_layers", "encoder_ffn_
 SIZES = ("vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
          "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads")
 POSITIONS = (3, 65536)
+# A multi-target model's language token, as OPUS-MT writes them (>>es<<, >>fra<<, >>cmn_Hans<<)
+# and as MarianTokenizer takes one off the front of a source (>>, then a code without spaces, then <<).
+LANGUAGE_TOKEN = re.compile(r">>[^\s<>]+<<")
 
 
 # --------------------------------------------------------------------------- parameter names

@@ -11,7 +11,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from seq2seq_cli.convert.hf import ACTIVATIONS, DEFAULTS, FIXED, INTS, PIECES_HELD, POSITIONS, SIZES, layer_names
+from seq2seq_cli.convert.hf import (
+    ACTIVATIONS,
+    DEFAULTS,
+    FIXED,
+    INTS,
+    LANGUAGE_TOKEN,
+    PIECES_HELD,
+    POSITIONS,
+    SIZES,
+    layer_names,
+)
 from seq2seq_cli.convert.output import check_output_dir, replacing_output
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, PAD, UNK
@@ -115,6 +125,27 @@ def _read_json(path: Path) -> Any:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
 
 
+def language_tokens(vocab: dict[str, int]) -> dict[str, str]:
+    """The target languages an OPUS-MT multi-target model names by a token in front of the
+    source (`>>es<<`, `>>fra<<`, `>>cmn_Hans<<` in its vocabulary) -> {language: token}, in the
+    vocabulary's id order; empty for a model with one target."""
+    found = sorted((i, piece) for piece, i in vocab.items() if LANGUAGE_TOKEN.fullmatch(piece))
+    return {piece[2:-2]: piece for _, piece in found}
+
+
+def _languages(src_lang: str, tgt_lang: str | None, tokens: dict[str, str], vocab_path: Path) -> tuple[str, str]:
+    """The run's data.src_lang and data.tgt_lang: the given ones; a multi-target model's
+    data.tgt_lang is one of its targets (the first where --tgt-lang is not given)."""
+    if not tokens:
+        return src_lang, tgt_lang or "tgt"
+    if tgt_lang is None:
+        return src_lang, next(iter(tokens))
+    if tgt_lang not in tokens:
+        raise UserError(f"--tgt-lang {tgt_lang}: {vocab_path} names the targets {', '.join(tokens)} by their "
+                        f"tokens ({' '.join(tokens.values())}); give one of them, or leave out --tgt-lang")
+    return src_lang, tgt_lang
+
+
 def _marian_weights(src_dir: Path) -> dict[str, Tensor]:
     st, pt = src_dir / "model.safetensors", src_dir / "pytorch_model.bin"
     if st.is_file():
@@ -133,10 +164,15 @@ def _marian_weights(src_dir: Path) -> dict[str, Tensor]:
     raise UserError(f"{src_dir}: no model.safetensors or pytorch_model.bin")
 
 
-def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src", tgt_lang: str = "tgt",
+def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src", tgt_lang: str | None = None,
                   force: bool = False) -> Path:
     """Convert a local Marian directory into a run directory (config.yaml, source.spm,
-    target.spm, vocab.json, checkpoints/best and last); returns the run directory."""
+    target.spm, vocab.json, checkpoints/best and last); returns the run directory.
+
+    A multi-target model (OPUS-MT's `>>xx<<` tokens in its vocabulary) keeps its tokens: the
+    run's `data.target_tokens` maps each target to its token, so the run translates `src_lang`
+    into each of them (`translate --tgt-lang`). `tgt_lang` None: "tgt", or a multi-target
+    model's first target."""
     from seq2seq_cli.config_load import save_config, validate_config
     from seq2seq_cli.model.transformer import build_model
     from seq2seq_cli.run.checkpoint import (
@@ -162,6 +198,8 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
     _check_pieces(src_dir / SOURCE_SPM, src_vocab, src_dir / SOURCE_VOCAB)
+    tokens = language_tokens(src_vocab)
+    src_lang, tgt_lang = _languages(src_lang, tgt_lang, tokens, src_dir / SOURCE_VOCAB)
     _check_pieces(src_dir / TARGET_SPM, tgt_vocab, tgt_path)
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
@@ -175,7 +213,8 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     max_len = min(256, cfg["max_position_embeddings"] - 2)
     raw = {
         "name": run_dir.name,
-        "data": {"train": "", "src_lang": src_lang, "tgt_lang": tgt_lang, "max_src_len": max_len, "max_tgt_len": max_len},
+        "data": {"train": "", "src_lang": src_lang, "tgt_lang": tgt_lang, "max_src_len": max_len, "max_tgt_len": max_len,
+                 "target_tokens": tokens},
         "tokenizer": {"vocabulary": "file", "joint": shared, "vocab_size": max(Vs, Vt, 16)},
         "model": {
             "d_model": cfg["d_model"], "heads": cfg["encoder_attention_heads"], "ffn_size": cfg["encoder_ffn_dim"],

@@ -48,13 +48,16 @@ def spm_model(tmp_path_factory) -> Path:
     return tmp / "sp.model"
 
 
-def marian_dir(root: Path, spm_model: Path, shared: bool, activation: str) -> Path:
-    """save_pretrained of a small random MarianMTModel and its MarianTokenizer."""
-    out = root / f"marian-{shared}-{activation}"
+def marian_dir(root: Path, spm_model: Path, shared: bool, activation: str, languages: tuple[str, ...] = ()) -> Path:
+    """save_pretrained of a small random MarianMTModel and its MarianTokenizer; `languages`: the
+    targets of a multi-target model, whose tokens (>>es<< ...) come after eos and unk in the
+    vocabulary, as in OPUS-MT's."""
+    out = root / "-".join(["marian", str(shared), activation, *languages])
     out.mkdir()
     sp = spm.SentencePieceProcessor(model_file=str(spm_model))
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-    vocab["<pad>"] = len(vocab)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    pieces = pieces[:2] + [f">>{lang}<<" for lang in languages] + pieces[2:] + ["<pad>"]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
     V = len(vocab)
     for name in ("source.spm", "target.spm"):
         shutil.copyfile(spm_model, out / name)
@@ -69,8 +72,8 @@ def marian_dir(root: Path, spm_model: Path, shared: bool, activation: str) -> Pa
     torch.manual_seed(0)
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():  # weights large enough for outputs to depend on them; positions stay Marian's table
-        for name, p in model.named_parameters():
-            if "embed_positions" not in name:
+        for name, p in model.named_parameters():  # (and with languages the LayerNorms the identity: random ones give
+            if "embed_positions" not in name and not (languages and "layer_norm" in name):  # every source one output)
                 p.normal_(0.0, 0.4)
         model.final_logits_bias.normal_()
     model.save_pretrained(out)
