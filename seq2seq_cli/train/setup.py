@@ -39,6 +39,7 @@ from seq2seq_cli.data.encoding import (
     encoded_split,
 )
 from seq2seq_cli.data.formats import corpus_sources, read_split, split_source
+from seq2seq_cli.data.report import no_valid_pairs, refresh_data_report
 from seq2seq_cli.data.tokenizer import (
     TOKENIZER_SHA256,
     all_pieces,
@@ -153,8 +154,13 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     d, run_dir = config.data, config.run_path
     corpus_sources(config)  # a missing file is reported before anything else happens
     valid_splits = d.eval_splits("valid")
-    for split in valid_splits:
-        split_source(split, *d.pair_of(split), d.format)
+    for i, split in enumerate(valid_splits):
+        pair = d.pair_of(split)
+        if len(d.pairs) > 1 and pair not in d.pairs:
+            where = config.where("data", "valid", *([i] if len(valid_splits) > 1 else []))
+            raise UserError(f"{where}: {split} is {pair[0]} -> {pair[1]}, a pair the run does not learn "
+                            f"(data.train: {', '.join(f'{s} -> {t}' for s, t in d.pairs)})")
+        split_source(split, *pair, d.format)
     caches = None if procs.main else distributed.from_main(procs, None)  # (rank 0 sends them below)
     valid_raw = [read_split(config, split) for split in valid_splits]
     if d.on_empty == "error":
@@ -176,18 +182,19 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
         log(f"train: {len(train_data)} pairs from {d.train}; {describe_drops(train_data, config)}")
         if not len(train_data):
             raise UserError(f"{d.train}: no training pairs left after filtering ({describe_drops(train_data, config)})")
+    if procs.main:  # a filter changed since `tokenize` re-encoded the corpora: the report counts what trains
+        refresh_data_report(config, train_caches, log)
     valids = []
     for i, (split, raw) in enumerate(zip(valid_splits, valid_raw)):
         pair = d.pair_of(split)
         token = d.target_token(pair[1])
         where = config.where("data", "valid", *([i] if len(valid_splits) > 1 else []))
-        if len(d.pairs) > 1 and pair not in d.pairs:
-            raise UserError(f"{where}: {split} is {pair[0]} -> {pair[1]}, a pair the run does not learn "
-                            f"(data.train: {', '.join(f'{s} -> {t}' for s, t in d.pairs)})")
         prefix = [tag_id(src_sp, token, f"{where}: the language token of {pair[1]}")] if token else []
         label = "valid" if len(valid_splits) == 1 else f"valid.{i}"
         corpus = encoded_split(config, split, src_sp, tgt_sp, training=False, log=log, label=label, prefix=prefix,
                                cached=caches[1][i] if caches else None)
+        if not len(corpus) and not corpus.dropped.get(Drop.TOO_LONG.key):
+            raise no_valid_pairs(where, split, sum(corpus.dropped.values()))
         if corpus.dropped.get(Drop.TOO_LONG.key):
             if not len(corpus):
                 raise UserError(f"{split}: no validation pair fits the model's {config.model.max_positions} positions "
