@@ -49,11 +49,15 @@ class SplitConfig(Section):
         return f"{self.hub}{at} ({', '.join(extra)})"
 
     def key(self) -> str:
-        """What tells two splits apart (a path normalised, or the Hub dataset's name, config and split)."""
+        """What tells two splits apart (a path or a local folder made absolute, its links resolved
+        and without a trailing slash, or the Hub dataset's name; its config and split)."""
         langs = f":{self.src_lang}:{self.tgt_lang}" if self.src_lang or self.tgt_lang else ""
         if self.path is not None:
-            return os.path.normpath(self.path) + langs
-        return f"hub:{self.hub}:{self.config}:{self.split}:{self.revision}:{self.src_column}:{self.tgt_column}{langs}"
+            return os.path.realpath(os.path.expanduser(self.path)) + langs
+        hub = self.hub or ""
+        if os.path.isdir(hub) or hub.startswith((".", "/", "~")) or hub.endswith("/"):  # a local folder
+            hub = os.path.realpath(os.path.expanduser(hub))
+        return f"hub:{hub}:{self.config}:{self.split}:{self.revision}:{self.src_column}:{self.tgt_column}{langs}"
 
     def __str__(self) -> str:
         return self.describe()

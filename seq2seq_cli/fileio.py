@@ -291,6 +291,15 @@ def write_lines(path: Path, lines: Iterable[str]) -> int:
     return count
 
 
+def file_key(path: Path) -> list:
+    """What tells one version of a file from another without reading it: its real path, size,
+    modification and change times, inode and device. A file rewritten under its old
+    modification time (`cp -p`, `rsync -t`, `touch -r`) has another change time, which no
+    tool sets back, or another inode."""
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
 def sha256(path: Path) -> str:
     """The hex sha256 of a file's bytes."""
     with open(path, "rb") as f:

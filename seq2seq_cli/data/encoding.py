@@ -31,7 +31,7 @@ from seq2seq_cli.data.formats import Source, SplitValue, quiet_datasets, read_sp
 from seq2seq_cli.data.pages import PageRelease, release_pages
 from seq2seq_cli.data.stats import DROPPED_FILE, split_stats, write_dropped
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import remove_dead_temps
+from seq2seq_cli.fileio import file_key, remove_dead_temps
 from seq2seq_cli.ids import BOS
 from seq2seq_cli.layout import RunLayout
 
@@ -219,7 +219,7 @@ def _write_kept(encoded, keep: np.ndarray, path: Path, release: Callable[[], Non
 
 def _fingerprint(source: Source, src_sp, tgt_sp, settings: dict[str, Any]) -> str:
     h = hashlib.sha256()
-    files = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in source.files]
+    files = [file_key(f) for f in source.files]
     h.update(json.dumps({"version": CACHE_VERSION, "format": source.format, "files": files, "source": source.record(),
                          **settings}).encode())
     h.update(_model_bytes(src_sp))
@@ -314,8 +314,7 @@ def encoded_split(
                 "src_field": d.src_field, "tgt_field": d.tgt_field}
     if scores is not None:
         score_file = Path(scores[0])
-        settings["scores"] = [str(score_file.resolve()), score_file.stat().st_size if score_file.is_file() else -1,
-                              score_file.stat().st_mtime_ns if score_file.is_file() else -1, scores[1]]
+        settings["scores"] = [*(file_key(score_file) if score_file.is_file() else [str(score_file.resolve())]), scores[1]]
     if prefix:
         settings["prefix"] = list(prefix)
     label = label or ("train" if training else "valid")

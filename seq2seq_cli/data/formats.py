@@ -13,9 +13,13 @@ row without two columns, a JSONL line that is not an object or lacks a field.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import os
 import stat
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +27,13 @@ from typing import Any
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from seq2seq_cli.config import SplitConfig
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import BOM, check_utf8, lone_surrogate
+from seq2seq_cli.fileio import BOM, check_utf8, file_key, lone_surrogate, open_bytes, remove_dead_temps
 from seq2seq_cli.layout import RunLayout
 
 READ_BATCH = 1000
@@ -57,7 +62,8 @@ class Source:
         the revision read."""
         if self.hub is not None:
             return {"format": "hub", "hub": self.hub.hub, "config": self.hub.config, "split": self.hub.split,
-                    "revision": self.hub.revision, "resolved_revision": self.revision}
+                    "revision": self.hub.revision, "resolved_revision": self.revision,
+                    **({"src_column": self.hub.src_column, "tgt_column": self.hub.tgt_column} if self.hub.src_column else {})}
         return {"format": self.format, "files": [str(f) for f in self.files]}
 
 
@@ -148,40 +154,85 @@ def quiet_datasets():
     return datasets
 
 
-def _load_lines(path: Path, cache_dir: Path | None):
-    """One row per line (`text` column), in file order: row i is line i + 1."""
-    datasets = quiet_datasets()
+LINES = pa.schema([("text", pa.string())])
+LINES_VERSION = 1  # of the Arrow copies of text files in RUN/cache/lines
+CHUNK = 1 << 20  # bytes read at a time
+
+
+def _lines(data: bytes, path: Path, first: bool) -> pa.RecordBatch:
+    """The lines of `data` (whole lines, the last one's "\n" left out) as a record batch: a line
+    ends at "\n" only, a CR before it dropped (Windows' line ends); a CR anywhere else is text."""
     try:
-        # 1 MB read chunks (not 10 MB) keep the memory of reading a large file small
-        lines = datasets.load_dataset(
-            "text", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None,
-            chunksize=1 << 20, encoding="utf-8-sig",  # utf-8, a byte-order mark at the start skipped
-        )
-    except Exception as exc:  # datasets wraps decoding errors in its own exception types
-        cause: BaseException | None = exc
-        while cause is not None and not isinstance(cause, UnicodeDecodeError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
-            if not isinstance(exc, (OSError, EOFError)) and check_utf8(path) == 0:
-                raise UserError(f"{path}: empty file (expected one sentence per line)") from None
-            if isinstance(exc, (OSError, EOFError)):  # e.g. a damaged .gz file
-                raise UserError(f"{path}: could not be read ({exc})") from None
-            raise
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         check_utf8(path)  # raises with the file, line and byte of the first invalid UTF-8
-        raise UserError(f"{path}: invalid UTF-8 ({cause})") from None
-    if len(lines) and lines[0]["text"].startswith(BOM):  # a compressed file's, which the decoder keeps
-        lines = lines.map(_without_bom, batched=True, batch_size=READ_BATCH, with_indices=True)
-    return lines
+        raise UserError(f"{path}: invalid UTF-8 ({exc})") from None
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    if first and lines[0].startswith(BOM):
+        lines[0] = lines[0][1:]
+    return pa.record_batch([pa.array(lines, pa.string())], schema=LINES)
 
 
-def _without_bom(batch: dict[str, list[str]], indices: list[int]) -> dict[str, list[str]]:
-    return {"text": [line.removeprefix(BOM) if i == 0 else line for line, i in zip(batch["text"], indices)]}
+def _line_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The lines of a UTF-8 text file (gzip or xz too) in file order, a megabyte at a time;
+    a byte-order mark at the start skipped."""
+    rest, first = b"", True
+    try:
+        with open_bytes(path) as f:
+            while chunk := f.read(CHUNK):
+                data = rest + chunk
+                end = data.rfind(b"\n")
+                if end < 0:
+                    rest = data
+                    continue
+                rest = data[end + 1 :]
+                yield _lines(data[:end], path, first)
+                first = False
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:  # e.g. a damaged .gz file
+        raise UserError(f"{path}: could not be read ({exc})") from None
+    if rest:
+        yield _lines(rest, path, first)
+
+
+def _load_lines(path: Path, cache_dir: Path | None):
+    """One row per line (`text` column), in file order: row i is line i + 1. Kept as Arrow in
+    `cache_dir`/lines, one copy per version of the file (`file_key`: a file rewritten under its
+    old modification time is read again), or held in memory without a cache directory."""
+    datasets = quiet_datasets()
+    empty = UserError(f"{path}: empty file (expected one sentence per line)")
+    if cache_dir is None:
+        table = pa.Table.from_batches(list(_line_batches(path)), schema=LINES)
+        if not len(table):
+            raise empty
+        return datasets.Dataset(table)
+    name = f"{path.name}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}-"
+    key = hashlib.sha256(json.dumps([LINES_VERSION, *file_key(path)]).encode()).hexdigest()[:16]
+    target = cache_dir / "lines" / f"{name}{key}.arrow"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_temps(target.parent, f".{name}")
+        tmp = target.with_name(f".{name}{os.getpid()}.{key}.tmp")
+        try:
+            count = 0
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, LINES) as writer:
+                for batch in _line_batches(path):
+                    writer.write_batch(batch)
+                    count += len(batch)
+            if not count:
+                raise empty
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        for old in target.parent.iterdir():  # the copies of the file's earlier versions
+            if old.name.startswith(name) and old.name.endswith(".arrow") and old != target:
+                old.unlink(missing_ok=True)
+    return datasets.Dataset.from_file(str(target))
 
 
 def _parse_tsv(batch: dict[str, list[str]]) -> dict[str, list[str]]:
     src, tgt, err = [], [], []
     for line in batch["text"]:
-        parts = line.rstrip("\r").split("\t")
+        parts = line.split("\t")
         if len(parts) == 2:
             src.append(parts[0])
             tgt.append(parts[1])

@@ -60,6 +60,9 @@ def resolve(spec: SplitConfig) -> str:
     """The revision of the dataset `spec` names that `read_hub` reads (the commit on the Hub,
     or the hash of a local folder's files) -> raise UserError when it is not in the cache
     (offline) or has no such configuration or split."""
+    if spec.revision is not None and spec.hub is not None and os.path.isdir(spec.hub):
+        raise UserError(f"hub dataset {spec.describe()}: revision {spec.revision!r} means nothing for a local folder, "
+                        "which is read as it is on disk; leave revision out (the run records the hash of its files)")
     builder = _builder(spec)
     _check_split(spec, builder.info.splits)
     return str(builder.hash or "")

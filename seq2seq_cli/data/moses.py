@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import BOM
+from seq2seq_cli.fileio import BOM, file_key
 
 BATCH = 1000
 CACHE_VERSION = 1
@@ -96,8 +96,7 @@ def read_moses(path: Path, src_lang: str, tgt_lang: str, cache_dir: Path | None)
         if not len(table):
             raise empty
         return datasets.Dataset(table)
-    stat = path.stat()
-    key = json.dumps([CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns, src_lang, tgt_lang])
+    key = json.dumps([CACHE_VERSION, *file_key(path), src_lang, tgt_lang])
     target = cache_dir / "moses" / f"{path.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)

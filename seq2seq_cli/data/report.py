@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from seq2seq_cli.data.encoding import EncodedCorpus, encoded_split
 from seq2seq_cli.data.filters import DESCRIPTIONS, ORDER, active, training_filters
+from seq2seq_cli.data.formats import read_split
 from seq2seq_cli.data.stats import DROPPED_FILE, DROPPED_HEADER, RATIO_BINS, add_histograms, percentiles
 from seq2seq_cli.data.tokenizer import source_prefix
 from seq2seq_cli.errors import UserError
@@ -47,13 +49,18 @@ def encode_training(config, src_sp, tgt_sp, log: Callable[[str], None]) -> list[
 
 def build_report(config, corpora: list[EncodedCorpus]) -> dict[str, Any]:
     """The report of the encoded training corpora (each with its cache's stats.json)."""
+    if any(corpus.cache_path is None for corpus in corpora):
+        raise UserError("the data report needs the encoded corpora's caches")
+    return _report(config, [corpus.cache_path for corpus in corpora if corpus.cache_path is not None])
+
+
+def _report(config, caches: list[Path]) -> dict[str, Any]:
+    """The report of the training corpora whose caches are `caches` (in data.train's order)."""
     d = config.data
     rows, hist_read, hist_kept = [], None, None
     several = len(d.pairs) > 1
-    for entry, corpus in zip(d.corpora, corpora):
-        if corpus.cache_path is None:
-            raise UserError("the data report needs the encoded corpora's caches")
-        stats = json.loads((corpus.cache_path / "stats.json").read_text(encoding="utf-8"))
+    for entry, cache in zip(d.corpora, caches):
+        stats = json.loads((cache / "stats.json").read_text(encoding="utf-8"))
         rows.append({"corpus": stats["corpus"], "source": stats["source"], "read": stats["read"], "kept": stats["pairs"],
                      "dropped": stats["dropped"], **({"pair": "-".join(d.pair_of(entry))} if several else {})})
         hist_read = add_histograms(hist_read, stats["lengths"]["read"])
@@ -62,7 +69,7 @@ def build_report(config, corpora: list[EncodedCorpus]) -> dict[str, Any]:
     scored = any(c.scores is not None and c.drop_lowest for c in d.corpora)
     on = set().union(*(active(training_filters(d, pair), scored) for pair in d.pairs))
     dropped = {code.key: sum(r["dropped"].get(code.key, 0) for r in rows) for code in ORDER}
-    pairs = {}
+    pairs: dict[str, dict[str, Any]] = {}
     for row in rows if several else []:  # several language pairs: each one's counts
         mine = pairs.setdefault(row["pair"], {"read": 0, "kept": 0, "dropped": {code.key: 0 for code in ORDER}})
         mine["read"] += row["read"]
@@ -79,6 +86,7 @@ def build_report(config, corpora: list[EncodedCorpus]) -> dict[str, Any]:
         "histograms": {"read": hist_read, "kept": hist_kept, "ratio_bins_log2": RATIO_BINS.tolist()},
         "corpora": rows,
         **({"pairs": pairs} if pairs else {}),
+        "caches": [cache.name for cache in caches],  # the encoded caches it counts (RUN/cache/encoded)
     }
 
 
@@ -116,15 +124,15 @@ def report_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _write_dropped(corpora: list[EncodedCorpus], path: Path) -> None:
-    """The dropped pairs of every corpus in one gzip TSV: the corpus's number first."""
+def _write_dropped(caches: list[Path], path: Path) -> None:
+    """The dropped pairs of every corpus (its cache in `caches`) in one gzip TSV: the corpus's
+    number first."""
 
     def write(tmp: str) -> None:
         with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) as out:
             out.write("corpus\t" + DROPPED_HEADER)
-            for i, corpus in enumerate(corpora):
-                assert corpus.cache_path is not None
-                with gzip.open(corpus.cache_path / DROPPED_FILE, "rt", encoding="utf-8") as f:
+            for i, cache in enumerate(caches):
+                with gzip.open(cache / DROPPED_FILE, "rt", encoding="utf-8") as f:
                     next(f, None)  # its header
                     for line in f:
                         out.write(f"{i}\t{line}")
@@ -175,14 +183,56 @@ def write_data_report(config, src_sp, tgt_sp, log: Callable[[str], None] = lambd
     and its dropped pairs -> the report."""
     corpora = encode_training(config, src_sp, tgt_sp, log)
     report = build_report(config, corpora)
-    layout = RunLayout(config.run_path)
-    _write_dropped(corpora, layout.dropped)
-    plot_report(report, layout.data_plot)
-    atomic_write_text(layout.data_report, _dumps(report) + "\n")
+    _write_report(config, report, [corpus.cache_path for corpus in corpora if corpus.cache_path is not None])
     for corpus in corpora:
         if corpus.release is not None:
             corpus.release()
     return report
+
+
+def _write_report(config, report: dict[str, Any], caches: list[Path]) -> None:
+    layout = RunLayout(config.run_path)
+    _write_dropped(caches, layout.dropped)
+    plot_report(report, layout.data_plot)
+    atomic_write_text(layout.data_report, _dumps(report) + "\n")
+
+
+def refresh_data_report(config, caches: list[Path | None], log: Callable[[str], None] = lambda _: None) -> None:
+    """Rewrite the run's data report (and its plot and dropped pairs) where it counts other
+    caches than `caches`, those `train` encoded the training corpora into: a filter or a corpus
+    changed since `tokenize` wrote it. A run without a report is left without one."""
+    layout = RunLayout(config.run_path)
+    if not layout.data_report.is_file() or any(cache is None for cache in caches):
+        return
+    try:
+        old = read_data_report(config.run_path)
+    except UserError:
+        old = None
+    found = [cache for cache in caches if cache is not None]
+    if old is not None and old.get("caches") == [cache.name for cache in found]:
+        return
+    report = _report(config, found)
+    _write_report(config, report, found)
+    log(f"the training data changed since {layout.data_report} was written: rewrote it ({report['kept']:,} of "
+        f"{report['read']:,} pairs kept)")
+
+
+def no_valid_pairs(where: str, split: Any, read: int) -> UserError:
+    """The refusal of a validation split whose every pair has an empty side (`read` pairs)."""
+    return UserError(f"{where}: {split}: no validation pairs left: each of its {read} pairs has an empty source or "
+                     "target; give a validation split with text on both sides, or leave data.valid out")
+
+
+def check_valid_splits(config) -> None:
+    """Refuse a validation split the filters would leave empty (every pair with a blank side):
+    training would report a loss of 0 on nothing and keep the best checkpoint by it."""
+    d = config.data
+    splits = d.eval_splits("valid")
+    for i, split in enumerate(splits):
+        raw = read_split(config, split)
+        blank = [pc.equal(pc.utf8_trim_whitespace(raw.data.column(side)), "") for side in ("src", "tgt")]
+        if not len(raw) or pc.all(pc.or_(*blank)).as_py():
+            raise no_valid_pairs(config.where("data", "valid", *([i] if len(splits) > 1 else [])), split, len(raw))
 
 
 def read_data_report(run_dir: Path) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from typing import IO
 import pyarrow as pa
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import check_utf8, open_bytes
+from seq2seq_cli.fileio import check_utf8, file_key, open_bytes
 
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 INLINE_CODES = frozenset({"bpt", "ept", "ph", "it", "ut"})  # native markup inside a segment, not text
@@ -171,8 +171,7 @@ def read_tmx(path: Path, src_lang: str, tgt_lang: str, cache_dir: Path | None):
         if not len(table):
             raise empty
         return datasets.Dataset(table)
-    stat = path.stat()
-    key = json.dumps([CACHE_VERSION, str(path.resolve()), stat.st_size, stat.st_mtime_ns, src_lang, tgt_lang])
+    key = json.dumps([CACHE_VERSION, *file_key(path), src_lang, tgt_lang])
     target = cache_dir / "tmx" / f"{path.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,7 @@ def make_tokenizer(config: Config) -> list[Path]:
     # Every line is checked (UTF-8, alignment, columns, fields) before anything is trained.
     datasets = [read_split(config, corpus) for corpus in d.corpora]
     (source,) = sources if len(sources) == 1 else (None,)
-    plain = source is not None and source.format == "text" and not any(f.suffix == ".gz" for f in source.files)
+    plain = source is not None and source.format == "text" and not any(f.suffix in (".gz", ".xz") for f in source.files)
     src_file, tgt_file = source.files if source is not None and plain else (None, None)
 
     def feed(*columns: str) -> list[Path] | Callable[[], Iterator[str]]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from seq2seq_cli.config import Config
-from seq2seq_cli.data.report import write_data_report
+from seq2seq_cli.data.report import check_valid_splits, write_data_report
 from seq2seq_cli.data.tokenizer import load_tokenizers, make_tokenizer
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.run import runlock
@@ -22,6 +22,7 @@ def train_tokenizer(config: Config, log: Callable[[str], None] = lambda _: None)
 
     with runlock.hold(config.run_path, runlock.command_line()):
         check_tokenizer_replaceable(config)
+        check_valid_splits(config)
         paths = make_tokenizer(config)
         t = config.tokenizer
         src_sp, tgt_sp = load_tokenizers(config.run_path, t.joint, t.vocabulary)

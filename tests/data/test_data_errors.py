@@ -4,6 +4,7 @@ exit code. Every case id here has a row in docs/errors.md."""
 
 from __future__ import annotations
 
+import os
 import re
 import zipfile
 from collections.abc import Callable
@@ -39,6 +40,8 @@ def ws(tmp_path_factory) -> Path:
         z.writestr("Bible.en-es.es", "\n".join(ES) + "\n")
         z.writestr("Bible.en-es.en", "\n".join(EN[:-1]) + "\n")
     (tmp / "three.tsv").write_text("uno\tone\ndos\ttwo\textra\n", encoding="utf-8")
+    (tmp / "blank.es").write_text("".join(f"{s}\n" for s in ES[:5]), encoding="utf-8")
+    (tmp / "blank.en").write_text("\n \n\n\n\n", encoding="utf-8")  # every target blank
     train_shipped_tiny(tmp, "run", max_steps=2)
     return tmp
 
@@ -89,6 +92,23 @@ CASES: dict[str, Case] = {
     "data-path-and-hub": (
         lambda ws: ["tokenize", "-c", config(ws, "both", valid={"path": str(ws / "pairs.tsv"), "hub": "x/y"})],
         ["data.valid: give either path (a file or prefix) or hub (a Hub dataset), not both"], 1),
+    "hub-local-revision": (
+        lambda ws: ["tokenize", "-c", config(ws, "hubrev", train={"hub": str(ws / "hub"), "split": "train",
+                                                                  "revision": "main"})],
+        ["data.train[0]: hub dataset ", "revision 'main' means nothing for a local folder, which is read as it is on disk"],
+        1),
+    "data-corpus-duplicate-hub": (
+        lambda ws: ["tokenize", "-c", config(ws, "duphub", train=[{"hub": str(ws / "hub"), "split": "train"},
+                                                                  {"hub": f"{ws / 'hub'}/", "split": "train"}])],
+        ["data.train: entry 1 (", "repeats entry 0: give each corpus once (raise its weight to use it more)"], 1),
+    "data-corpus-duplicate-relative": (
+        lambda ws: ["tokenize", "-c", config(ws, "duprel", train=[{"path": os.path.relpath(ws / "pairs.tsv")},
+                                                                  {"path": str(ws / "pairs.tsv")}])],
+        ["data.train: entry 1 (", "repeats entry 0: give each corpus once"], 1),
+    "data-valid-emptied": (
+        lambda ws: ["tokenize", "-c", config(ws, "blankvalid", valid=str(ws / "blank"))],
+        ["blankvalid.yaml:", "data.valid: ", "blank: no validation pairs left: each of its 5 pairs has an empty source or "
+         "target; give a validation split with text on both sides, or leave data.valid out"], 1),
     "moses-member": (
         lambda ws: ["tokenize", "-c", config(ws, "member", train=str(ws / "en-es.txt.zip"))],
         ["en-es.txt.zip: no member ending in .es (its members: Bible.en-es.en, README); expected one file per language"], 1),
