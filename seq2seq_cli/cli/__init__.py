@@ -367,6 +367,7 @@ def export(
     quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory (or an existing .argosmodel).")] = False,
 ) -> None:
+    from seq2seq_cli.run.loaded import run_config
     """Export a trained model for another inference engine (CTranslate2, Argos Translate) or as a Hugging Face Marian model."""
     from seq2seq_cli.convert.export import export_ctranslate2
 
@@ -375,14 +376,19 @@ def export(
 
         if quantization is not None:
             raise UserError("--quantization is for --format ctranslate2; hf exports float32 weights")
-        typer.echo(f"wrote {export_hf(model, output, force)}")
-        return
-    if format is ExportFormat.argos:
+        written = export_hf(model, output, force)
+    elif format is ExportFormat.argos:
         from seq2seq_cli.convert.argos import export_argos
 
-        typer.echo(f"wrote {export_argos(model, output, quantization, force)}")
-        return
-    typer.echo(f"wrote {export_ctranslate2(model, output, quantization, force)}")
+        written = export_argos(model, output, quantization, force)
+    else:
+        written = export_ctranslate2(model, output, quantization, force)
+    packages = sorted(written.iterdir()) if format is ExportFormat.argos and written.is_dir() else [written]
+    for path in packages:  # a run of several pairs: one Argos package each
+        typer.echo(f"wrote {path}")
+    data = run_config(model).data
+    if len(data.pairs) > 1 or data.language_tokens:  # what a user of the export must know: the pairs, the tokens
+        typer.echo(pairs_line(data))
 
 
 @app.command("import")

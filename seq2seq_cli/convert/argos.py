@@ -19,24 +19,35 @@ Argos adds spaCy's rule-based `sentencizer` (a sentence ends after . ! ? and the
 The pipeline is written as spaCy reads it from disk (config.cfg, meta.json and the
 tokenizer's rules in MessagePack), so exporting needs no spaCy.
 
+A package holds one language pair. A run of several (`data.pairs`) is written as a directory
+of packages, one per pair (`es_en.argosmodel`, `ny_en.argosmodel`), each holding the same
+model. Where the run names its targets by a token in front of the source (OPUS-MT's `>>es<<`,
+`data.target_token`), the package's CTranslate2 model adds its target's token to every source
+itself (config.json: `bos_token` is the token, `add_source_bos` true): Argos's metadata has a
+`target_prefix` (a token forced at the start of the output, NLLB's form) but nothing for the
+source, and its tokenizer gives the model the SentencePiece pieces of the text alone.
+
 The archive is written beside OUT and renamed over it only when complete; an existing OUT is
-replaced only with `--force`.
+replaced only with `--force`; the directory of a run of several pairs is built beside OUT and
+replaces it as a whole (`convert/output.py`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
 
-from seq2seq_cli.convert.export import check_quantization, convert_ctranslate2, run_vocabularies
+from seq2seq_cli.convert.export import check_quantization, convert_ctranslate2, name_target, run_vocabularies
+from seq2seq_cli.convert.output import check_output_dir, replacing_output
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write
-from seq2seq_cli.languages import language_name
+from seq2seq_cli.languages import language_name, pair_text
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run.checkpoint import resolve_checkpoint
-from seq2seq_cli.run.loaded import load_run
+from seq2seq_cli.run.loaded import load_run, run_config
 
 PACKAGE_VERSION = "1.0"
 ARGOS_VERSION = "1.10"  # the first argostranslate that reads a spaCy pipeline from a package
@@ -119,8 +130,14 @@ A translation model trained with seq2seq and exported with `seq2seq export --for
 - `sentencepiece.model`: the SentencePiece model of both languages
 - `spacy/`: a rule-based sentence splitter; set `ARGOS_CHUNK_TYPE=SPACY` to use it (then
   nothing is downloaded), otherwise Argos splits sentences with its default splitter
-
+{note}
 Install it with `argospm install {file}` or `argostranslate.package.install_from_path`.
+"""
+
+
+TOKEN_NOTE = """- the model translates into several languages and names this one by the token {token} in
+  front of the source: the CTranslate2 model adds it to every source itself (`model/config.json`:
+  `bos_token` {token}, `add_source_bos` true), so Argos needs no `target_prefix`
 """
 
 
@@ -137,7 +154,9 @@ def check_output_file(out: Path, force: bool, run_dir: Path, ckpt: Path) -> None
 
 
 def export_argos(model_path: str | Path, out: Path, quantization: str | None = None, force: bool = False) -> Path:
-    """Write a run (or checkpoint) as an Argos Translate package at `out`; returns it."""
+    """Write a run (or checkpoint) as Argos Translate packages; returns `out`: the package file of
+    a run of one language pair, or the directory that receives one package per pair
+    (`FROM_TO.argosmodel`, `package_file`) of a run of several."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -145,7 +164,14 @@ def export_argos(model_path: str | Path, out: Path, quantization: str | None = N
     check_quantization(quantization)
     out = Path(out)
     run_dir, ckpt = resolve_checkpoint(model_path)
-    check_output_file(out, force, run_dir, ckpt)
+    pairs = run_config(model_path).data.pairs
+    if len(pairs) == 1:
+        check_output_file(out, force, run_dir, ckpt)
+    else:
+        if out.suffix == ".argosmodel" and not out.is_dir():
+            raise UserError(f"{out}: {run_dir} translates {len(pairs)} language pairs ({pair_text(pairs)}), a package "
+                            "each: give a directory to write them into")
+        check_output_dir(out, force, [ckpt, run_dir], "exported")
     run = load_run(model_path, "cpu")
     tok = run.config.tokenizer
     if tok.vocabulary != "sentencepiece":
@@ -155,23 +181,46 @@ def export_argos(model_path: str | Path, out: Path, quantization: str | None = N
     if sp_model != run.tgt_sp.serialized_model_proto():
         raise UserError(f"{run_dir}: cannot be exported for Argos: a package holds one SentencePiece model for both "
                         "languages, and this run's source and target tokenizers differ (tokenizer.joint: false)")
-    from_code, to_code = run.config.data.src_lang, run.config.data.tgt_lang
-    name = package_name(from_code, to_code)
-    src_vocab, tgt_vocab = run_vocabularies(run)
+    data = run.config.data
     with tempfile.TemporaryDirectory(prefix="seq2seq-argos-") as stage:
-        root = Path(stage) / name
-        root.mkdir()
-        convert_ctranslate2(run.model, src_vocab, tgt_vocab, root / "model", quantization)
-        (root / "sentencepiece.model").write_bytes(sp_model)
-        (root / "metadata.json").write_text(json.dumps(metadata(from_code, to_code), indent=2) + "\n", encoding="utf-8")
-        write_sentence_splitter(root / "spacy")
-        readme = README.format(from_name=language_name(from_code), to_name=language_name(to_code), file=out.name)
-        (root / "README.md").write_text(readme, encoding="utf-8")
-
-        def write(tmp: str) -> None:
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-                for path in sorted(root.rglob("*")):
-                    zf.write(path, path.relative_to(stage).as_posix())
-
-        atomic_write(out, write)
+        model_dir = Path(stage) / "model"
+        convert_ctranslate2(run.model, *run_vocabularies(run), model_dir, quantization)
+        if len(pairs) == 1:
+            write_package(out, Path(stage), model_dir, sp_model, pairs[0], data.target_token(pairs[0][1]))
+            return out
+        with replacing_output(out) as folder:  # the old directory stays until every package is written
+            for pair in pairs:
+                write_package(folder / package_file(*pair), Path(stage), model_dir, sp_model, pair, data.target_token(pair[1]))
     return out
+
+
+def package_file(from_code: str, to_code: str) -> str:
+    """The file name of a pair's package in the directory of a run of several pairs: es_en.argosmodel."""
+    return f"{from_code}_{to_code}.argosmodel"
+
+
+def write_package(out: Path, stage: Path, model_dir: Path, sp_model: bytes, pair: tuple[str, str], token: str | None) -> None:
+    """The package of one language pair written at `out`, staged in `stage`: the CTranslate2 model of
+    `model_dir`, which puts the target's `token` in front of every source where the run has one
+    (`export.name_target`), and the other files (see the module's text)."""
+    from_code, to_code = pair
+    name = package_name(from_code, to_code)
+    root = stage / name
+    root.mkdir()
+    shutil.copytree(model_dir, root / "model")
+    if token is not None:
+        name_target(root / "model", token)
+    (root / "sentencepiece.model").write_bytes(sp_model)
+    (root / "metadata.json").write_text(json.dumps(metadata(from_code, to_code), indent=2) + "\n", encoding="utf-8")
+    write_sentence_splitter(root / "spacy")
+    note = TOKEN_NOTE.format(token=token) if token is not None else ""
+    readme = README.format(from_name=language_name(from_code), to_name=language_name(to_code), file=out.name, note=note)
+    (root / "README.md").write_text(readme, encoding="utf-8")
+
+    def write(tmp: str) -> None:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(root.rglob("*")):
+                zf.write(path, path.relative_to(stage).as_posix())
+
+    atomic_write(out, write)
+    shutil.rmtree(root)

@@ -143,6 +143,21 @@ def export_ctranslate2(model_path: str | Path, output_dir: Path, quantization: s
     return output_dir
 
 
+def name_target(model_dir: Path, token: str) -> None:
+    """Make the CTranslate2 model in `model_dir` put `token` (a multilingual run's `>>es<<`) in
+    front of every source itself: its vocabulary's start token becomes `token`, added to each
+    source (config.json's `bos_token` and `add_source_bos`; decoding still starts from the
+    model's `decoder_start_token`). A model of one target of a run with several."""
+    import json
+
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("decoder_start_token") in (None, ""):  # it would fall back to bos_token
+        raise UserError(f"{model_dir}: a CTranslate2 model without its decoder_start_token cannot name a target")
+    config.update(bos_token=token, add_source_bos=True)
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
 def run_vocabularies(run: LoadedRun | RunFiles) -> tuple[list[str], list[str]]:
     """The run's source and target pieces in id order: the vocabularies of its CTranslate2 model."""
     return all_pieces(run.src_sp), all_pieces(run.tgt_sp)

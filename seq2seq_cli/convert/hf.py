@@ -15,6 +15,12 @@ Ids: this tool's layout is pad 0, unk 1, eos 3. Import reorders Marian's vocabul
 output projection and logits bias with it; the run's vocab.json records the new ids.
 Export writes the run's own ids, so nothing is reordered back.
 
+Languages: an OPUS-MT multi-target model names its target by a token in front of the source
+(`>>es<<`), an entry of vocab.json that MarianTokenizer takes off the front of a source line as
+one id. Import reads those entries as the run's `data.target_tokens` (`hf_import.language_tokens`);
+a run with several targets exports with its tokens, which are pieces of its SentencePiece model
+and so entries of vocab.json, and tokenizer_config.json's target_lang `mul`.
+
 Positions: a model with the interleaved sinusoidal table is exported by permuting every
 model dimension (sine dimensions first): LayerNorm, attention and feed-forward layers do not
 depend on the order of the dimensions, and the permuted table is Marian's.
@@ -187,6 +193,13 @@ def export_hf(model_path: str | Path, output_dir: Path, force: bool = False) -> 
     return output_dir
 
 
+def _language(codes: list[str]) -> str:
+    """MarianTokenizer's source_lang or target_lang: the one language, or OPUS-MT's `mul` for several
+    (a multi-target model names its targets by the `>>xx<<` tokens of its vocabulary)."""
+    distinct = list(dict.fromkeys(codes))
+    return distinct[0] if len(distinct) == 1 else "mul"
+
+
 def _write_hf(output_dir: Path, run: Any) -> None:
     """The files of `export_hf` written into `output_dir`."""
     from safetensors.torch import save_file
@@ -213,7 +226,7 @@ def _write_hf(output_dir: Path, run: Any) -> None:
     tokenizer_config = {
         "tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "model_max_length": model.cfg.max_positions,
         "eos_token": tgt_tok.id_to_piece(EOS), "unk_token": tgt_tok.id_to_piece(UNK), "pad_token": tgt_tok.id_to_piece(PAD),
-        "source_lang": config.data.src_lang, "target_lang": config.data.tgt_lang,
+        "source_lang": _language([s for s, _ in config.data.pairs]), "target_lang": _language(config.data.targets),
     }
     atomic_write_text(output_dir / "tokenizer_config.json", json.dumps(tokenizer_config, indent=1))
     atomic_write_text(output_dir / "config.json", json.dumps(hf_config(model), indent=1))

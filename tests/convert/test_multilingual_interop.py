@@ -7,12 +7,15 @@ Argos package per pair, each decoding as our search does."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from test_hf_interop import marian_dir, spm_model  # noqa: F401 - spm_model is the fixture marian_dir needs
 from typer.testing import CliRunner
 
+from conftest import REPO, SHIPPED
 from seq2seq_cli.cli import app
 from seq2seq_cli.convert.hf_import import import_marian
 from seq2seq_cli.decode.translate import Translator
@@ -98,3 +101,246 @@ def test_multi_target_import_needs_the_target(multi_target, tmp_path):
     assert line == (f"error: --tgt-lang de: {src / 'vocab.json'} names the targets es, fra by their tokens "
                     "(>>es<< >>fra<<); give one of them, or leave out --tgt-lang")
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- export of a one-to-many run
+
+TARGETS = ("es", "ny")
+LONG = 60  # the length limit of the exported run's outputs
+
+
+@pytest.fixture(scope="module")
+def one_to_many(tmp_path_factory) -> Path:
+    """configs/tiny.yaml as a one-to-many run: en -> es (the Spanish Bible's validation split)
+    and en -> ny (the Chichewa one's), every source starting with >>es<< or >>ny<<, trained for
+    30 updates. Its weights are then drawn at random, large enough that the outputs are strings
+    of pieces that depend on the source and its token (30 updates of a tiny model give every
+    line the same output), with a logits bias that keeps <s>, <pad> and <unk> out of the outputs
+    (our search never gives <s> or <pad> and CTranslate2's may; Argos replaces <unk>) and makes
+    EOS likely enough that most outputs end before the length limit."""
+    from seq2seq_cli.config_load import load_config
+    from seq2seq_cli.ids import BOS, EOS, PAD, UNK
+    from seq2seq_cli.run.checkpoint import save_checkpoint
+    from seq2seq_cli.run.loaded import load_run
+    from seq2seq_cli.train.loop import train
+
+    tmp = tmp_path_factory.mktemp("one-to-many")
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    corpora = [{"path": str(SHIPPED / "valid"), "src_lang": "en", "tgt_lang": "es"},
+               {"path": str(REPO / "data" / "bible-ny-en" / "valid"), "src_lang": "en", "tgt_lang": "ny"}]
+    raw["run_dir"] = str(tmp / "run")
+    raw["data"].update(src_lang="en", tgt_lang="es", train=corpora, valid=corpora[:1], test=None, filters="off")
+    raw["model"]["logits_bias"] = True
+    raw["train"].update(max_steps=30, valid_every=30)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run = train(load_config(tmp / "config.yaml"), progress=False, log=lambda _: None)
+    loaded = load_run(run, "cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in loaded.model.named_parameters():
+            if ".norm." not in name:
+                p.normal_(0.0, 0.5)
+        loaded.model.logits_bias[[BOS, PAD, UNK]] = -30.0
+        loaded.model.logits_bias[EOS] = 5.0
+    save_checkpoint(run / "checkpoints", 31, loaded.model, loaded.config, {"step": 31}, {}, best=True, keep_last=1)
+    return run
+
+
+def _sources(n: int = 24) -> list[str]:
+    return (REPO / "data" / "bible-es-en" / "test.en").read_text(encoding="utf-8").splitlines()[:n]
+
+
+def _translator(run: Path, tgt: str, beam: int, length_penalty: float = 1.0, limit: int = LONG) -> Translator:
+    """Our search (torch) for en -> tgt, the target's token in front of each source; at least one
+    piece, as CTranslate2's search gives."""
+    opts = {"beam_size": beam, "max_len_a": 0.0, "max_len_b": limit, "length_penalty": length_penalty, "min_len": 1}
+    return Translator.load(run, "cpu", opts).with_pair("en", tgt)
+
+
+def _ours(run: Path, tgt: str, lines: list[str], beam: int) -> list[list[str]]:
+    """Our search's pieces (`_translator`)."""
+    tr = _translator(run, tgt, beam)
+    return [[tr.tgt_sp.id_to_piece(t) for t in h[0].tokens] for h in tr.translate_hypotheses(lines)]
+
+
+def _same(ours: list[list[str]], theirs: list[list[str]], beam: int) -> None:
+    """Equal outputs: every one of a greedy search; with a beam, those that end before the length
+    limit in both (a beam cut at the limit ends differently in the two searches), at least half."""
+    done = [(a, b) for a, b in zip(ours, theirs) if beam == 1 or max(len(a), len(b)) < LONG]
+    assert len(done) >= len(ours) // 2
+    assert [a for a, _ in done] == [b for _, b in done]
+
+
+def test_multilingual_ctranslate2_export_decodes_as_ours_with_the_token_in_front(one_to_many, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import sentencepiece
+
+    out = tmp_path / "ct2"
+    result = runner.invoke(app, ["export", str(out), "--model", str(one_to_many), "--format", "ctranslate2"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"wrote {out}", "language pairs: en -> es, en -> ny; the target named by the source token: es >>es<<, ny >>ny<<"]
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(one_to_many / "spm.model"))
+    ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    lines = _sources()
+    outputs = {}
+    for tgt in TARGETS:
+        pieces = [[f">>{tgt}<<", *sp.encode(line, out_type=str)] for line in lines]
+        for beam in (1, 4):
+            theirs = ct.translate_batch(pieces, beam_size=beam, length_penalty=1.0, max_decoding_length=LONG)
+            outputs[tgt, beam] = _ours(one_to_many, tgt, lines, beam)
+            _same(outputs[tgt, beam], [t.hypotheses[0] for t in theirs], beam)
+    assert sum(a != b for a, b in zip(outputs["es", 1], outputs["ny", 1])) >= len(lines) // 4  # the token is read
+
+
+def test_multilingual_run_translates_through_the_ctranslate2_engine_as_through_ours(one_to_many, tmp_path):
+    """`translate --engine ctranslate2 --tgt-lang X` (the run converted on first use, the token in
+    front of each source) writes what `--engine torch` writes, for each target."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_to_many, run)  # the engine writes its conversion into the run
+    (tmp_path / "in.en").write_text("\n".join(_sources()) + "\n", encoding="utf-8")
+    written = {}
+    for tgt in TARGETS:
+        for engine in ("torch", "ctranslate2"):
+            out = tmp_path / f"{engine}.{tgt}"
+            result = runner.invoke(app, ["translate", "-m", str(run), "--tgt-lang", tgt, "-i", str(tmp_path / "in.en"),
+                                         "-o", str(out), "--engine", engine, "--beam-size", "1", "--min-len", "1",
+                                         "--max-len-a", "0", "--max-len-b", str(LONG), "--no-progress", "--device", "cpu"])
+            assert result.exit_code == 0, result.output
+            written[engine, tgt] = out.read_text(encoding="utf-8")
+        assert written["ctranslate2", tgt] == written["torch", tgt], tgt
+    assert written["torch", "es"] != written["torch", "ny"]
+
+
+def test_multilingual_hf_export_is_an_opus_mt_multi_target_model(one_to_many, tmp_path):
+    """`export --format hf` writes a Marian directory as OPUS-MT writes a multi-target model (the
+    tokens in vocab.json, target_lang mul): transformers' `generate` of `>>es<< line` gives our
+    translation, and the directory imports back as a run with the same targets and outputs."""
+    out = tmp_path / "hf"
+    result = runner.invoke(app, ["export", str(out), "--model", str(one_to_many), "--format", "hf"])
+    assert result.exit_code == 0, result.output
+    tok = transformers.MarianTokenizer.from_pretrained(out)
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    assert sorted(tok.supported_language_codes) == [">>es<<", ">>ny<<"]
+    assert (tok.source_lang, tok.target_lang) == ("en", "mul")
+    back = import_marian(out, tmp_path / "back", src_lang="en")
+    assert run_config(back).data.target_tokens == {"es": ">>es<<", "ny": ">>ny<<"}
+    lines = _sources(12)
+    for tgt in TARGETS:
+        enc = tok([f">>{tgt}<< {line}" for line in lines], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            generated = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=LONG + 1, min_new_tokens=1)
+        theirs = [[tok.convert_ids_to_tokens(t) for t in row[1:] if t not in (hf.config.pad_token_id, hf.config.eos_token_id)]
+                  for row in generated.tolist()]
+        assert _ours(one_to_many, tgt, lines, 1) == theirs, tgt
+        assert _ours(back, tgt, lines, 1) == theirs, tgt
+
+
+# Runs in a fresh interpreter (see test_export.py's ARGOS_SCRIPT): installs the packages, then
+# translates one text into each target with Argos's greedy and beam-4 searches, offline.
+ARGOS_PAIRS_SCRIPT = r"""
+import json, socket, sys
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args[1:2]))
+    raise OSError("network use refused by the test")
+socket.socket.connect = refuse
+socket.getaddrinfo = refuse
+try:
+    import argostranslate.networking
+    argostranslate.networking.cache_spacy = lambda: None
+    import argostranslate.package
+    import argostranslate.settings
+    import argostranslate.translate
+except ImportError as exc:
+    print(json.dumps({"skip": f"argostranslate cannot be imported ({type(exc).__name__}: {exc})"}))
+    sys.exit(0)
+request = json.loads(sys.argv[1])
+for path in request["packages"]:
+    argostranslate.package.install_from_path(path)
+out = {"installed": sorted([p.from_code, p.to_code] for p in argostranslate.package.get_installed_packages())}
+for tgt, text in request["texts"].items():
+    translation = argostranslate.translate.get_translation_from_codes("en", tgt)
+    for beam in (1, 4):
+        argostranslate.settings.beam_size = beam
+        translation.cache = {}
+        out[f"{tgt} beam{beam}"] = translation.translate(text)
+out["network"] = attempts
+print(json.dumps(out))
+"""
+
+
+def test_multilingual_argos_export_writes_a_package_per_pair_that_argos_translates_as_ours(one_to_many, tmp_path):
+    """`export --format argos DIR` of a one-to-many run writes en_es.argosmodel and
+    en_ny.argosmodel; the real argostranslate installs both and translates into each target as
+    our search does with the target's token in front (greedy, and beam 4 with Argos's length
+    penalty 0.2): the package's CTranslate2 model puts the token there itself."""
+    import subprocess
+    import sys
+    import zipfile
+
+    pytest.importorskip("ctranslate2")
+    from test_export import _argos_env
+
+    out = tmp_path / "packages"
+    result = runner.invoke(app, ["export", str(out), "--model", str(one_to_many), "--format", "argos"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[:2] == [f"wrote {out / 'en_es.argosmodel'}", f"wrote {out / 'en_ny.argosmodel'}"]
+    assert sorted(p.name for p in out.iterdir()) == ["en_es.argosmodel", "en_ny.argosmodel"]
+    for tgt in TARGETS:
+        with zipfile.ZipFile(out / f"en_{tgt}.argosmodel") as zf:
+            root = f"translate-en_{tgt}-1_0"
+            assert {n.split("/")[0] for n in zf.namelist()} == {root}
+            meta = json.loads(zf.read(f"{root}/metadata.json"))
+            model_config = json.loads(zf.read(f"{root}/model/config.json"))
+            readme = zf.read(f"{root}/README.md").decode()
+        assert (meta["from_code"], meta["to_code"]) == ("en", tgt) and "target_prefix" not in meta
+        assert (model_config["bos_token"], model_config["add_source_bos"]) == (f">>{tgt}<<", True)
+        assert f"the token >>{tgt}<< in" in readme
+
+    # A sentence (Argos splits text into sentences first) whose outputs end before the length
+    # limit, and differ from one target to the other.
+    limit = 200
+    searches = {f"{tgt} beam{beam}": _translator(one_to_many, tgt, beam, 0.2 if beam > 1 else 1.0, limit=limit)
+                for tgt in TARGETS for beam in (1, 4)}
+
+    def outputs(line: str) -> dict[str, list[int]]:
+        return {key: tr.translate_hypotheses([line])[0][0].tokens for key, tr in searches.items()}
+
+    candidates = [line for line in _sources(200) if sum(line.count(c) for c in ".!?") == 1 and line.endswith(".")]
+    text = next(line for line in candidates if max(map(len, (got := outputs(line)).values())) < limit
+                and got["es beam1"] != got["ny beam1"] and min(map(len, got.values())) > 2)
+    ours = {key: tr.translate([text])[0] for key, tr in searches.items()}
+    texts = dict.fromkeys(TARGETS, text)
+    request = {"packages": [str(out / f"en_{tgt}.argosmodel") for tgt in TARGETS], "texts": texts}
+    proc = subprocess.run([sys.executable, "-c", ARGOS_PAIRS_SCRIPT, json.dumps(request)], env=_argos_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got.pop("installed") == [["en", "es"], ["en", "ny"]]
+    assert got.pop("network") == []
+    assert got == ours, text
+
+
+def test_multilingual_argos_export_needs_a_directory(one_to_many, tmp_path):
+    """A run of several pairs is written as a directory of packages: a file name is refused, and
+    an existing directory is replaced (as a whole) only with --force."""
+    one = tmp_path / "en_es.argosmodel"
+    line = _error_line(runner.invoke(app, ["export", str(one), "--model", str(one_to_many), "--format", "argos"]))
+    assert line == (f"error: {one}: {one_to_many} translates 2 language pairs (en -> es, en -> ny), a package each: "
+                    "give a directory to write them into")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("x", encoding="utf-8")
+    line = _error_line(runner.invoke(app, ["export", str(folder), "--model", str(one_to_many), "--format", "argos"]))
+    assert line == f"error: {folder}: already exists and is not empty; use --force to overwrite"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"] and (folder / "keep.txt").is_file()
+    result = runner.invoke(app, ["export", str(folder), "--model", str(one_to_many), "--format", "argos", "--force"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in folder.iterdir()) == ["en_es.argosmodel", "en_ny.argosmodel"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
