@@ -315,7 +315,7 @@ def test_readme_argos_snippet_fetches_nothing(run_dir, tmp_path):
 
 # The rows of docs/errors.md, section "Argos packages", each checked below.
 ARGOS_CASES = {"argos-output-exists", "argos-output-directory", "argos-output-in-run", "argos-vocabulary-file",
-               "argos-separate-tokenizers"}
+               "argos-separate-tokenizers", "argos-several-pairs"}  # the last in test_multilingual_interop.py
 
 
 def _argos_error(args: list[str]) -> str:

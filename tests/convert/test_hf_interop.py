@@ -352,7 +352,8 @@ def test_every_import_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Import and export", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| ([a-z0-9-]+) \|", section, flags=re.MULTILINE)) - {"case"}
-    assert documented == set(IMPORT_CASES) | set(CONFIG_CASES) | {"export-hf-architecture"} | OUTPUT_CASES
+    multi = {"import-target-language"}  # test_multilingual_interop.py
+    assert documented == set(IMPORT_CASES) | set(CONFIG_CASES) | {"export-hf-architecture"} | OUTPUT_CASES | multi
 
 
 def test_imported_run_works_with_translate_and_info(imported, tmp_path):
