@@ -167,12 +167,16 @@ def ctranslate2_engine(files: RunFiles, decode: DecodeConfig, device: str, index
     # AMD EPYC Zen 4: 49 ms on 2 threads, 5.4 ms on one; float32 gains from the second thread)
     lone = 1 if device == "cpu" and compute.startswith("int8") else threads
     with converted_model(files, convert) as folder:
-        ct = ctranslate2.Translator(str(folder), device=device, device_index=index, compute_type=compute,
-                                    intra_threads=lone, inter_threads=1)
-        batches = None
-        if device == "cpu" and threads > 1:  # see `CTranslate2Engine.batches`
-            batches = ctranslate2.Translator(str(folder), device=device, compute_type=compute, intra_threads=1,
-                                             inter_threads=threads)
+        try:
+            ct = ctranslate2.Translator(str(folder), device=device, device_index=index, compute_type=compute,
+                                        intra_threads=lone, inter_threads=1)
+            batches = None
+            if device == "cpu" and threads > 1:  # see `CTranslate2Engine.batches`
+                batches = ctranslate2.Translator(str(folder), device=device, compute_type=compute, intra_threads=1,
+                                                 inter_threads=threads)
+        except (RuntimeError, ValueError, OSError) as exc:  # `auto` then decodes with our searches, saying why
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"{folder}: CTranslate2 cannot load the converted model ({reason})") from None
     banned = {tgt_vocab[PAD], tgt_vocab[files.config.model.decoder_start_id]}
     return CTranslate2Engine(ct, src_vocab, {p: i for i, p in enumerate(tgt_vocab)}, banned,
                              max_source(files.config.model.max_positions), use_vmap=use_vmap, batches=batches,
