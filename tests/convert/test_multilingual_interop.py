@@ -92,6 +92,26 @@ def test_multi_target_import_translates_to_each_target_as_transformers_generate(
     assert outputs["es"] != outputs["fra"]
 
 
+def test_multi_target_import_exports_to_ctranslate2_with_its_tokens(multi_target, tmp_path):
+    """The imported multi-target run (its own vocabulary file) exports to CTranslate2, which gives
+    transformers' outputs when the target's token comes first."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import sentencepiece
+
+    src, run, hf, tok = multi_target
+    out = tmp_path / "ct2"
+    result = runner.invoke(app, ["export", str(out), "--model", str(run), "--format", "ctranslate2"])
+    assert result.exit_code == 0, result.output
+    assert "the target named by the source token: es >>es<<, fra >>fra<<" in result.stdout
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(src / "source.spm"))
+    ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    for lang in ("es", "fra"):
+        pieces = [[f">>{lang}<<", *sp.encode(line, out_type=str)] for line in LINES]
+        theirs = ct.translate_batch(pieces, beam_size=1, max_decoding_length=LIMIT)
+        expected = _generate(hf, tok, [f">>{lang}<< {line}" for line in LINES])
+        assert [t.hypotheses[0] for t in theirs] == [tok.convert_ids_to_tokens(ids) for ids in expected], lang
+
+
 def test_multi_target_import_needs_the_target(multi_target, tmp_path):
     src, run, _, _ = multi_target
     (tmp_path / "in.txt").write_text("hola\n", encoding="utf-8")
@@ -344,3 +364,36 @@ def test_multilingual_argos_export_needs_a_directory(one_to_many, tmp_path):
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in folder.iterdir()) == ["en_es.argosmodel", "en_ny.argosmodel"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+def test_many_to_one_argos_export_is_the_same_model_under_each_source(tmp_path):
+    """A many-to-one run (es -> en, ny -> en) has no language token: its packages es_en and ny_en
+    hold the same CTranslate2 model, which adds nothing to the source."""
+    import zipfile
+
+    pytest.importorskip("ctranslate2")
+    from seq2seq_cli.config_load import load_config
+    from seq2seq_cli.train.loop import train
+
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text(encoding="utf-8"))
+    corpora = [{"path": str(SHIPPED / "valid"), "src_lang": "es", "tgt_lang": "en"},
+               {"path": str(REPO / "data" / "bible-ny-en" / "valid"), "src_lang": "ny", "tgt_lang": "en"}]
+    raw["run_dir"] = str(tmp_path / "run")
+    raw["data"].update(train=corpora, valid=corpora[:1], test=None, filters="off")
+    raw["train"].update(max_steps=2, valid_every=2)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run = train(load_config(tmp_path / "config.yaml"), progress=False, log=lambda _: None)
+    out = tmp_path / "packages"
+    result = runner.invoke(app, ["export", str(out), "--model", str(run), "--format", "argos"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"wrote {out / 'es_en.argosmodel'}", f"wrote {out / 'ny_en.argosmodel'}",
+                                          "language pairs: es -> en, ny -> en"]
+    models = {}
+    for src in ("es", "ny"):
+        with zipfile.ZipFile(out / f"{src}_en.argosmodel") as zf:
+            root = f"translate-{src}_en-1_0"
+            meta = json.loads(zf.read(f"{root}/metadata.json"))
+            models[src] = zf.read(f"{root}/model/model.bin"), json.loads(zf.read(f"{root}/model/config.json"))
+        assert (meta["from_code"], meta["to_code"]) == (src, "en")
+    assert models["es"] == models["ny"]
+    assert (models["es"][1]["bos_token"], models["es"][1]["add_source_bos"]) == ("<s>", False)
