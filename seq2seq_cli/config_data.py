@@ -13,6 +13,15 @@ from seq2seq_cli.config_section import Section
 from seq2seq_cli.ids import RESERVED_PIECES
 
 
+def language_code(value: Any) -> Any:
+    """A language code as YAML gave it: an unquoted `no` (Norwegian), `on`, `yes` or `off`
+    arrives as a boolean, refused with the fix (quote it) rather than as 'not a string'."""
+    if isinstance(value, bool):
+        raise ValueError(f"YAML reads an unquoted no, off, yes or on as {str(value).lower()}: quote the language code "
+                         "(e.g. 'no' for Norwegian)")
+    return value
+
+
 class SplitConfig(Section):
     """Where one split's pairs come from: a file (or prefix) on disk, or a dataset of the
     Hugging Face Hub (read through `datasets`, offline once cached)."""
@@ -26,6 +35,8 @@ class SplitConfig(Section):
     tgt_column: str | None = Field(None, description="the Hub dataset's target column; null = translation[tgt_lang]")
     src_lang: str | None = Field(None, description="this split's source language; null = data.src_lang")
     tgt_lang: str | None = Field(None, description="this split's target language; null = data.tgt_lang")
+
+    _languages = field_validator("src_lang", "tgt_lang", mode="before")(language_code)
 
     @model_validator(mode="after")
     def _one_place(self) -> SplitConfig:
@@ -157,6 +168,12 @@ class FiltersConfig(Section):
             return {"enabled": False}
         return value
 
+    @field_validator("duplicates", mode="before")
+    @classmethod
+    def _duplicates_off(cls, value: Any) -> Any:
+        """`duplicates: off` unquoted, which YAML reads as false, is "off"."""
+        return "off" if value is False else value
+
 
 class DataConfig(Section):
     src_lang: str = Field("src", description="suffix of source files: PREFIX.SRC_LANG")
@@ -191,6 +208,8 @@ class DataConfig(Section):
         default_factory=dict,
         description="target language -> the source token that names it (an imported OPUS-MT model's >>xx<<); "
         "empty: >>xx<< for each target of a run with several")
+
+    _languages = field_validator("src_lang", "tgt_lang", mode="before")(language_code)
 
     @field_validator("target_tokens")
     @classmethod

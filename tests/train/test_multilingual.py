@@ -283,3 +283,21 @@ def test_a_valid_split_of_a_pair_the_run_does_not_learn_is_refused(tmp_path):
     r = CliRunner().invoke(app, ["train", "--config", str(path), "--no-progress"])
     assert r.exit_code != 0
     assert one_error_line(r, "data.valid[1]", "fr -> en, a pair the run does not learn", "es -> en, ny -> en")
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("  src_lang: no\n", ["data.src_lang: YAML reads an unquoted no, off, yes or on as false: quote the language code"]),
+    ("  train: [{path: a, tgt_lang: on}]\n", ["data.train[0].tgt_lang: YAML reads an unquoted no, off, yes or on as true"]),
+])
+def test_an_unquoted_language_code_that_yaml_reads_as_a_boolean_is_named(tmp_path, text, fragments):
+    path = tmp_path / "c.yaml"
+    body = "name: x\ndata:\n" + ("  train: a\n" if "train" not in text else "") + text
+    path.write_text(body, encoding="utf-8")
+    r = CliRunner().invoke(app, ["info", "--config", str(path)])
+    assert one_error_line(r, *fragments)
+
+
+def test_duplicates_off_unquoted_is_off(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ndata:\n  train: a\n  filters:\n    duplicates: off\n", encoding="utf-8")
+    assert load_config(path).data.filters.duplicates == "off"
