@@ -133,17 +133,17 @@ def language_tokens(vocab: dict[str, int]) -> dict[str, str]:
     return {piece[2:-2]: piece for _, piece in found}
 
 
-def _languages(src_lang: str, tgt_lang: str | None, tokens: dict[str, str], vocab_path: Path) -> tuple[str, str]:
-    """The run's data.src_lang and data.tgt_lang: the given ones; a multi-target model's
-    data.tgt_lang is one of its targets (the first where --tgt-lang is not given)."""
+def _target_language(tgt_lang: str | None, tokens: dict[str, str], vocab_path: Path) -> str:
+    """The run's data.tgt_lang: the one given ("tgt" where none is); a multi-target model's is
+    one of its targets (`tokens`), the first where none is given."""
     if not tokens:
-        return src_lang, tgt_lang or "tgt"
+        return tgt_lang or "tgt"
     if tgt_lang is None:
-        return src_lang, next(iter(tokens))
+        return next(iter(tokens))
     if tgt_lang not in tokens:
         raise UserError(f"--tgt-lang {tgt_lang}: {vocab_path} names the targets {', '.join(tokens)} by their "
                         f"tokens ({' '.join(tokens.values())}); give one of them, or leave out --tgt-lang")
-    return src_lang, tgt_lang
+    return tgt_lang
 
 
 def _marian_weights(src_dir: Path) -> dict[str, Tensor]:
@@ -199,7 +199,7 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
             raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
     _check_pieces(src_dir / SOURCE_SPM, src_vocab, src_dir / SOURCE_VOCAB)
     tokens = language_tokens(src_vocab)
-    src_lang, tgt_lang = _languages(src_lang, tgt_lang, tokens, src_dir / SOURCE_VOCAB)
+    tgt_lang = _target_language(tgt_lang, tokens, src_dir / SOURCE_VOCAB)
     _check_pieces(src_dir / TARGET_SPM, tgt_vocab, tgt_path)
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
