@@ -5,7 +5,8 @@ from __future__ import annotations
 
 LANGUAGE_NAMES = {
     "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "ja": "Japanese",
-    "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+    "nl": "Dutch", "ny": "Chichewa", "pl": "Polish", "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
+    "zh": "Chinese",
 }
 
 

@@ -10,6 +10,8 @@
     RUN/data_report.json             what the training data looks like: pairs read, kept, dropped by each filter,
     RUN/data_report.png              lengths (and their plot), written with the tokenizer
     RUN/dropped.tsv.gz               every training pair a filter dropped, with the filter's name
+    RUN/languages.json               a character n-gram profile of each language of the run (serve's /detect),
+                                     written with the tokenizer
     RUN/ctranslate2/NAME-SHA/        checkpoint NAME converted for CTranslate2 (SHA: the first 16 hex digits of its
                                      weights' sha256), written on first use by the CTranslate2 engine
     RUN/metrics.jsonl                one JSON record per line
@@ -35,6 +37,7 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 SHORTLIST = "shortlist.tsv"
 DATA_REPORT, DATA_PLOT, DROPPED = "data_report.json", "data_report.png", "dropped.tsv.gz"
+LANGUAGE_PROFILES = "languages.json"
 TENSORBOARD = "tensorboard"
 PLOTS = "plots"
 CURVES = "curves.png"
@@ -108,6 +111,10 @@ class RunLayout:
     @property
     def shortlist(self) -> Path:
         return self.root / SHORTLIST
+
+    @property
+    def language_profiles(self) -> Path:
+        return self.root / LANGUAGE_PROFILES
 
     @property
     def data_report(self) -> Path:

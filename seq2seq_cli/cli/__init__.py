@@ -235,7 +235,7 @@ def translate(
 @user_errors
 @decode_options
 def serve(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint) or a checkpoint file.")],
+    model: Annotated[list[Path], typer.Option("--model", "-m", help="Run directory (uses best, else last checkpoint), a checkpoint file, or a folder of runs; repeat to serve several (a pair two runs offer goes to the first named).")],
     host: Annotated[str, typer.Option("--host", help="Address to listen on; the default answers this machine only (0.0.0.0: every interface).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="TCP port to listen on.")] = 5000,
     batch_wait_ms: Annotated[float, typer.Option("--batch-wait-ms", min=0, help="How long the oldest queued request waits for others to be decoded with it (only while several clients are being served).")] = 5.0,
@@ -245,24 +245,22 @@ def serve(
     max_lines: Annotated[int, typer.Option("--max-lines", min=1, help="Lines (sentences) per request; more are answered 413.")] = 200,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds a request may wait for its translation; then 504.")] = 60.0,
     api_keys: Annotated[Path | None, typer.Option("--api-keys", help="File of API keys, one per line: requests must carry one (api_key field or X-API-Key header), else 403.")] = None,
+    max_loaded: Annotated[int | None, typer.Option("--max-loaded", min=1, help="Runs loaded at once: each loaded on first use, the least recently used unloaded (default: all, at start).")] = None,
     device: DeviceOpt = "auto",
     tag: TagOpt = None,
     engine: EngineOpt = Engine.auto,
     *,
     decode: dict[str, object],
 ) -> None:
-    """Serve a run over HTTP: a LibreTranslate-compatible API, /v1/translate with the decoding options, a web page at /."""
+    """Serve runs over HTTP: a LibreTranslate-compatible API (each pair of each run, others through a pivot), /v1/translate with the decoding options, a web page at /."""
     try:
         from seq2seq_cli.serve.server import ServeSettings
         from seq2seq_cli.serve.server import serve as run_server
     except ImportError as exc:
         raise UserError(f"serve needs the serve extra ({exc.name} is missing): pip install 'seq2seq[serve]'") from None
 
-    if len(model) > 1:
-        given = ", ".join(str(m) for m in model)
-        raise UserError(f"--model is given {len(model)} times ({given}); serve takes one model (API keys are given with --api-keys FILE)")
-    settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching)
-    run_server(model[0], device, decode, host, port, settings, api_keys, tag, engine)
+    settings = ServeSettings(batch_wait_ms, max_queue, max_chars, max_lines, timeout, None, batching, max_loaded)
+    run_server(model, device, decode, host, port, settings, api_keys, tag, engine)
 
 
 @app.command()

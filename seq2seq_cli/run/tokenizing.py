@@ -7,9 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from seq2seq_cli.config import Config
+from seq2seq_cli.data.langprofile import write_profiles
 from seq2seq_cli.data.report import check_valid_splits, write_data_report
 from seq2seq_cli.data.tokenizer import load_tokenizers, make_tokenizer
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run import runlock
 
 
@@ -17,7 +19,8 @@ def train_tokenizer(config: Config, log: Callable[[str], None] = lambda _: None)
     """Train the SentencePiece model(s) on the training split (or copy the ones
     tokenizer.src_model/tgt_model name) into the run directory, then encode and filter the
     training corpora with them (the caches training reuses) and write the run's data report
-    (`seq2seq_cli/data/report.py`); return the model paths. The run directory is locked
+    (`seq2seq_cli/data/report.py`) and the profiles of its languages
+    (`seq2seq_cli/data/langprofile.py`); return the model paths. The run directory is locked
     meanwhile; a run with checkpoints is refused (see `check_tokenizer_replaceable`)."""
 
     with runlock.hold(config.run_path, runlock.command_line()):
@@ -27,6 +30,7 @@ def train_tokenizer(config: Config, log: Callable[[str], None] = lambda _: None)
         t = config.tokenizer
         src_sp, tgt_sp = load_tokenizers(config.run_path, t.joint, t.vocabulary)
         write_data_report(config, src_sp, tgt_sp, log)
+        write_profiles(config, RunLayout(config.run_path).language_profiles)  # serve's language detection
         return paths
 
 

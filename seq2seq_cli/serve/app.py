@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.serve import files, status, translation
 from seq2seq_cli.serve.parse import REQUEST_DECODE_KEYS, V1_KEYS, RequestError, error_response
+from seq2seq_cli.serve.runs import ServedRun
 from seq2seq_cli.serve.state import AppState, ServeSettings, app_state, path_label
 
 __all__ = ["REQUEST_DECODE_KEYS", "ROUTERS", "V1_KEYS", "ServeSettings", "create_app"]
@@ -44,9 +45,11 @@ log = logging.getLogger("seq2seq.serve")
 ROUTERS: tuple[APIRouter, ...] = (translation.router, files.router, status.router)
 
 
-def create_app(translator: Translator, settings: ServeSettings, routers: Sequence[APIRouter] = ROUTERS) -> FastAPI:
-    """The ASGI app around one loaded translator; its decoding thread runs while the app does."""
-    state = AppState.create(translator, settings)
+def create_app(served: Translator | list[ServedRun], settings: ServeSettings,
+               routers: Sequence[APIRouter] = ROUTERS) -> FastAPI:
+    """The ASGI app around one loaded translator, or runs (`seq2seq_cli/serve/runs.py`); its decoding
+    thread runs while the app does."""
+    state = AppState.create(served, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -67,8 +70,8 @@ def create_app(translator: Translator, settings: ServeSettings, routers: Sequenc
         app.include_router(router)
     # the routers' routes (the app holds each router, not copies of its routes)
     every = [*(route for router in routers for route in router.routes), *app.routes]
-    state.routes = [route for route in every if isinstance(route, APIRoute)]
-    for route in state.routes:
+    state.api_routes = [route for route in every if isinstance(route, APIRoute)]
+    for route in state.api_routes:
         if route.methods is not None and "GET" in route.methods:
             route.methods.add("HEAD")  # answered as a GET, the server leaving out the body
     return app

@@ -1,5 +1,9 @@
 """Dynamic batching across requests: one decoding thread, a bounded queue, one future per request.
 
+A server of several runs queues each request in its run's lane: a round decodes one lane's
+requests (batches never mix runs, nor a run's pairs), and the lanes take turns, the one served
+longest ago first, so a flood of requests on one run does not starve the others.
+
 Each request is a `Job`: its lines and its decoding options (`JobOptions`). The worker thread
 takes the oldest job, waits until at most `wait_s` after that job arrived for more jobs with
 the same options, and decodes the lines of all of them together through the `Translator`
@@ -55,6 +59,13 @@ class Job:
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
     work: Callable[[], Any] | None = None  # run alone on the decoding thread instead (`Batcher.run_alone`)
+    translator: Translator | None = None  # None: the batcher's own
+    lane: str = ""  # the run it is queued for (`Batcher` module docstring)
+
+    def together(self, other: Job) -> bool:
+        """Whether the two jobs may be decoded in one batch."""
+        return (other.work is None and other.lane == self.lane and other.translator is self.translator
+                and other.options == self.options)
 
 
 class QueueFull(Exception):
@@ -77,7 +88,8 @@ class Counters:
 class Batcher:
     """The decoding worker. `submit` from any thread; `start` once, `stop` to finish the queue and end."""
 
-    def __init__(self, translator: Translator, wait_s: float = 0.005, max_queue: int = 256, batching: bool = True) -> None:
+    def __init__(self, translator: Translator | None, wait_s: float = 0.005, max_queue: int = 256,
+                 batching: bool = True) -> None:
         self.translator = translator
         self.wait_s = wait_s
         self.max_queue = max_queue
@@ -89,25 +101,38 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="seq2seq-decoder", daemon=True)
-        self._translators: dict[str, Translator] = {}
+        self._translators: dict[tuple[str, int, str], tuple[Translator, Translator]] = {}  # see `_translator`
+        self.lanes: dict[str, Counters] = {}  # the counters of each lane
+        self._served: dict[str, int] = {}  # lane -> the round it was last served in
+        self._rounds = 0
+        self._busy_lane = ""
 
     def options(self, decode: DecodeConfig, nbest: int = 1, alignment: bool = False, attention: bool = False) -> JobOptions:
         return JobOptions(decode.model_dump_json(), nbest, alignment, attention)
 
-    def pending(self) -> int:
-        """Requests accepted and not answered yet: queued or being decoded."""
+    def pending(self, lane: str | None = None) -> int:
+        """Requests accepted and not answered yet: queued or being decoded (of `lane` only, where given)."""
         with self._cond:
-            return len(self._queue) + self._busy
+            if lane is None:
+                return len(self._queue) + self._busy
+            return sum(job.lane == lane for job in self._queue) + (self._busy if self._busy_lane == lane else 0)
 
-    def submit(self, lines: list[str], options: JobOptions, prefixes: list[list[int]] | None = None) -> Future:
+    def submit(self, lines: list[str], options: JobOptions, prefixes: list[list[int]] | None = None,
+               translator: Translator | None = None, lane: str = "") -> Future:
         """Queue a request -> the future of its results (one dict per line); QueueFull when full.
-        `prefixes`: the target ids each line's outputs must start with ([] = none)."""
-        return self._queue_job(Job(lines, options, prefixes))
+        `prefixes`: the target ids each line's outputs must start with ([] = none); `translator`
+        (None: the batcher's own) decodes it in the turns of `lane` (its run)."""
+        return self._queue_job(Job(lines, options, prefixes, translator=translator, lane=lane))
 
-    def run_alone(self, work: Callable[[], Any]) -> Future:
-        """Queue `work` (a file's translation) to run on the decoding thread in its turn, alone
-        -> the future of what it returns; QueueFull when full."""
-        return self._queue_job(Job([], JobOptions(""), work=work))
+    def run_alone(self, work: Callable[[], Any], lane: str = "") -> Future:
+        """Queue `work` (a file's translation) to run on the decoding thread in the turns of `lane`,
+        alone -> the future of what it returns; QueueFull when full."""
+        return self._queue_job(Job([], JobOptions(""), work=work, lane=lane))
+
+    def forget(self, lane: str) -> None:
+        """Drop what the batcher keeps of a lane's translators (its run was unloaded)."""
+        with self._cond:
+            self._translators = {k: v for k, v in self._translators.items() if k[0] != lane}
 
     def _queue_job(self, job: Job) -> Future:
         with self._cond:
@@ -139,17 +164,22 @@ class Batcher:
                 if self._stopping:
                     return None
                 self._cond.wait()
-            first = self._queue[0]
+            # the lane served longest ago goes first; the oldest job of it
+            turn = min(dict.fromkeys(j.lane for j in self._queue), key=lambda lane: self._served.get(lane, -1))
+            first = next(j for j in self._queue if j.lane == turn)
+            self._rounds += 1
+            self._served[turn] = self._rounds
             alone = first.work is not None or not self.batching or _sampling(first.options)
             if not alone and self._last_round > 1:  # concurrent clients: wait for companions
                 deadline = first.arrived + self.wait_s
                 while not self._stopping and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
-            group = [first] if alone else [j for j in self._queue if j.options == first.options and j.work is None]
+            group = [first] if alone else [j for j in self._queue if first.together(j)]
             for job in group:
                 self._queue.remove(job)
             group = [j for j in group if j.future.set_running_or_notify_cancel()]  # timed out while queued: dropped
             self._busy = self._last_round = len(group)
+            self._busy_lane = turn
             return group
 
     def _run(self) -> None:
@@ -163,18 +193,25 @@ class Batcher:
                 with self._cond:
                     self._busy = 0
 
-    def _translator(self, options: JobOptions) -> Translator:
-        t = self._translators.get(options.decode)
-        if t is None:
-            t = self.translator.replaced(decode=DecodeConfig.model_validate_json(options.decode))
-            self._translators[options.decode] = t
+    def _translator(self, job: Job) -> Translator:
+        """The job's translator with its decoding settings (kept, one per translator and settings)."""
+        base = job.translator or self.translator
+        assert base is not None
+        key = (job.lane, id(base), job.options.decode)
+        with self._cond:
+            kept = self._translators.get(key)
+        if kept is not None and kept[0] is base:
+            return kept[1]
+        t = base.replaced(decode=DecodeConfig.model_validate_json(job.options.decode))
+        with self._cond:
+            self._translators[key] = (base, t)
         return t
 
     def _decode(self, group: list[Job]) -> None:
         options = group[0].options
         lines = [line for job in group for line in job.lines]
         try:
-            translator = self._translator(options)
+            translator = self._translator(group[0])
             ids = translator.encode(lines)
             prefixes = None
             if any(job.prefixes for job in group):
@@ -187,12 +224,12 @@ class Batcher:
             for job in group:
                 job.future.set_exception(exc)
             return
-        c = self.counters
-        c.batches += 1
-        c.sentences += len(lines)
-        c.requests += len(group)
-        c.largest_batch = max(c.largest_batch, len(group))
-        c.last_batch = [len(job.lines) for job in group]
+        for c in (self.counters, self.lanes.setdefault(group[0].lane, Counters())):
+            c.batches += 1
+            c.sentences += len(lines)
+            c.requests += len(group)
+            c.largest_batch = max(c.largest_batch, len(group))
+            c.last_batch = [len(job.lines) for job in group]
         start = 0
         for job in group:
             job.future.set_result(results[start : start + len(job.lines)])

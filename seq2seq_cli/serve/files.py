@@ -1,7 +1,8 @@
 """LibreTranslate's file routes of `seq2seq serve`: POST /translate_file (multipart: file,
 source, target, api_key -> {"translatedFileUrl"}) and GET /download_file/ID. A file is
 translated by the documents wing as `translate -i FILE` translates it (`translate_bytes`), on
-the batcher's decoding thread in its turn (`Batcher.run_alone`), never beside a batch; the
+the batcher's decoding thread in its run's turn (`Batcher.run_alone`), never beside a batch;
+through a pivot, the first leg's document is translated again by the second's run; the
 result waits in the server's `FileStore` for its one download (a HEAD does not take it), under
 an id of the server's own; the name it was sent with comes back in Content-Disposition only.
 An upload is read as it arrives, never past MAX_FILE_BYTES.
@@ -10,6 +11,7 @@ An upload is read as it arrives, never past MAX_FILE_BYTES.
 from __future__ import annotations
 
 import email.policy
+import functools
 import logging
 import mimetypes
 from email.parser import BytesParser
@@ -20,18 +22,21 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from seq2seq_cli.choices import DocumentFormat
 from seq2seq_cli.decode.options import clip
+from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.detect import check_document, check_served_name, detect
+from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.documents.translate import describe_pieces, text_chars, translate_bytes
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.serve.legs import alone, translator_of
 from seq2seq_cli.serve.parse import (
     RequestError,
-    answered,
     check_key,
     check_key_early,
     check_pair,
-    queued,
     read_limited,
+    route_of,
     too_large,
 )
 from seq2seq_cli.serve.state import AppState, app_state
@@ -86,6 +91,9 @@ async def translate_file(request: Request) -> JSONResponse:
         if fields.get(field) is None:
             raise RequestError(400, f"Invalid request: missing {field} parameter")
     check_pair(state, fields["source"], fields["target"])
+    if fields["source"] == "auto":
+        raise RequestError(400, "Invalid request: source auto is not taken for files; name the file's language in source")
+    route = route_of(state, fields["source"], fields["target"])
     upload = fields.get("file")
     if not isinstance(upload, tuple):
         raise RequestError(400, "Invalid request: file must be a file (a multipart part with a filename)")
@@ -100,14 +108,21 @@ async def translate_file(request: Request) -> JSONResponse:
         raise RequestError(400, str(exc)) from None
     if chars > state.settings.max_chars:
         raise too_large("file", f"{chars} characters of text", state.settings.max_chars)
-    translator, splitter = state.translator, state.splitter
-    cut: list[int] = []
-    future = queued(lambda: state.batcher.run_alone(lambda: translate_bytes(translator, name, data, fmt, splitter, cut)))
-    translated = await answered(state, future)
-    if cut:
-        log.warning("%s", describe_pieces(name, len(cut), translator).removeprefix("warning: "))
+    translated = data
+    for leg in route.legs:  # through a pivot: the first leg's document is the second's
+        cut: list[int] = []
+        translated = await alone(state, leg, functools.partial(document, name=name, data=translated, fmt=fmt, cut=cut))
+        if cut:
+            translator = await translator_of(state, leg)
+            log.warning("%s", describe_pieces(name, len(cut), translator).removeprefix("warning: "))
     stored = state.files.put(name, translated)
     return JSONResponse({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{stored}"})
+
+
+def document(translator: Translator, splitter: Splitter, name: str, data: bytes, fmt: DocumentFormat,
+             cut: list[int]) -> bytes:
+    """`translate_bytes` with the arguments in the order `alone` gives them."""
+    return translate_bytes(translator, name, data, fmt, splitter, cut)
 
 
 @router.get("/download_file/{stored}")

@@ -1,6 +1,8 @@
 """The web page `seq2seq serve` answers at `/`: plain HTML and JavaScript, nothing fetched from
-elsewhere. It sends the text to /v1/translate with `attention: true` and draws each sentence's
-cross-attention (source pieces across, output pieces down) on a canvas."""
+elsewhere. The user picks the pair among those /languages lists (a source, or detect, and one of
+its targets); the page sends the text to /v1/translate with `attention: true`, says which runs
+(and pivot) translated it, and draws each sentence's cross-attention (source pieces across,
+output pieces down) on a canvas (a pivot's: its last leg's)."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -17,7 +19,9 @@ PAGE = """<!doctype html>
 </style>
 </head>
 <body>
-<h1>seq2seq <span id="pair"></span></h1>
+<h1>seq2seq</h1>
+<p><label>From <select id="from"></select></label> <label>into <select id="into"></select></label>
+ <span id="route"></span></p>
 <p>One sentence per line.</p>
 <textarea id="source" placeholder="Text to translate"></textarea>
 <p><button id="translate">Translate</button>
@@ -30,7 +34,25 @@ PAGE = """<!doctype html>
 "use strict";
 const $ = (id) => document.getElementById(id);
 
-fetch("health").then((r) => r.json()).then((h) => { $("pair").textContent = h.languages.join(" \\u2192 "); });
+let languages = [];
+function fillTargets() {
+  const chosen = $("from").value;
+  const found = languages.find((l) => l.code === chosen);
+  const targets = chosen === "auto" ? [...new Set(languages.flatMap((l) => l.targets))] : (found ? found.targets : []);
+  const keep = $("into").value;
+  $("into").textContent = "";
+  targets.forEach((code) => {
+    const name = (languages.find((l) => l.code === code) || { name: code }).name;
+    $("into").append(new Option(`${name} (${code})`, code, false, code === keep));
+  });
+}
+fetch("languages").then((r) => r.json()).then((list) => {
+  languages = list;
+  list.filter((l) => l.targets.length).forEach((l) => $("from").append(new Option(`${l.name} (${l.code})`, l.code)));
+  $("from").append(new Option("Detect", "auto"));
+  fillTargets();
+});
+$("from").addEventListener("change", fillTargets);
 
 function drawHeatmap(canvas, att) {
   const cell = 22, font = "12px sans-serif";
@@ -64,7 +86,7 @@ function drawHeatmap(canvas, att) {
 async function translate() {
   $("error").textContent = "";
   $("status").textContent = "translating\\u2026";
-  const body = { q: $("source").value, attention: true };
+  const body = { q: $("source").value, attention: true, source: $("from").value, target: $("into").value };
   if ($("key").value) body.api_key = $("key").value;
   try {
     const r = await fetch("v1/translate", {
@@ -73,6 +95,8 @@ async function translate() {
     const data = await r.json();
     if (!r.ok) throw new Error(data.error || r.statusText);
     $("output").textContent = data.results.map((x) => x.translation).join("\\n");
+    $("route").textContent = `${data.source} \\u2192 ${data.target}: ` + data.runs.join(", ")
+      + (data.pivot ? ` (through ${data.pivot})` : "");
     const maps = $("heatmaps");
     maps.textContent = "";
     data.results.forEach((x, k) => {

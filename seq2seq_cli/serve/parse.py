@@ -20,7 +20,10 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.options import check_nbest, clip, decode_settings, field_name
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import first_surrogate
+from seq2seq_cli.languages import language_name
 from seq2seq_cli.serve.batcher import QueueFull
+from seq2seq_cli.serve.routing import Route
+from seq2seq_cli.serve.runs import ServedRun
 from seq2seq_cli.serve.state import AppState, app_state
 
 # The decoding options a request may set; batch_tokens, precision, quantize and shortlist belong
@@ -216,16 +219,29 @@ def check_key(state: AppState, data: dict[str, Any], request: Request) -> None:
 
 
 def check_pair(state: AppState, source: Any, target: Any) -> None:
-    source_lang, target_lang = state.languages
+    """`source` (or auto) and `target` are strings naming languages the server translates from and
+    into (else 400); where source is not auto, a route joins them (`route_of`)."""
     for name, value in (("source", source), ("target", target)):
         if not isinstance(value, str):
             raise RequestError(400, f"Invalid request: {name} must be a string (got {json_kind(value)})")
-    if source not in (source_lang, "auto"):
-        raise RequestError(400, f"{clip(str(source))} is not supported as the source language; this model translates "
-                                f"{source_lang} to {target_lang}")
-    if target != target_lang:
-        raise RequestError(400, f"{clip(str(target))} is not supported as the target language; this model translates "
-                                f"{source_lang} to {target_lang}")
+    sources, languages = state.routes.sources(), state.routes.languages
+    if source != "auto" and source not in sources:
+        raise RequestError(400, f"{clip(str(source))} is not supported as a source language; this server translates "
+                                f"from {', '.join(sources)}")
+    if target not in languages or not any(target in state.routes.targets(s) for s in sources):
+        raise RequestError(400, f"{clip(str(target))} is not supported as a target language; this server translates "
+                                f"into {', '.join(t for t in languages if any(t in state.routes.targets(s) for s in sources))}")
+    if source != "auto":
+        route_of(state, source, target)
+
+
+def route_of(state: AppState, source: str, target: str) -> Route:
+    """The route of a pair the server translates (direct or through a pivot); else LibreTranslate's 400."""
+    route = state.routes.find(source, target)
+    if route is None:
+        raise RequestError(400, f"{language_name(target)} ({target}) is not available as a target language from "
+                                f"{language_name(source)} ({source})")
+    return route
 
 
 def texts_of(q: Any) -> list[str]:
@@ -248,11 +264,11 @@ def check_size(state: AppState, texts: list[str]) -> list[list[str]]:
     return lines
 
 
-def decode_options(state: AppState, given: dict[str, Any]) -> DecodeConfig:
-    """The server's decoding settings with a request's own (DecodeConfig keys), checked by the
-    rules `translate` checks its flags with (`seq2seq_cli/decode/options.py`)."""
+def decode_options(run: ServedRun, given: dict[str, Any]) -> DecodeConfig:
+    """A run's decoding settings on the server with a request's own (DecodeConfig keys), checked
+    by the rules `translate` checks its flags with (`seq2seq_cli/decode/options.py`)."""
     try:
-        return decode_settings(state.translator.decode, given, state.target_vocabulary, field_name)
+        return decode_settings(run.decode, given, run.target_vocabulary, field_name)
     except UserError as exc:
         raise RequestError(400, str(exc)) from None
 

@@ -1,4 +1,4 @@
-"""Start `seq2seq serve`: load and verify the run once, bind the port, run uvicorn until SIGTERM
+"""Start `seq2seq serve`: check and load the runs once, bind the port, run uvicorn until SIGTERM
 or Ctrl-C. On the signal the listening socket closes (new connections are refused), requests in
 flight are answered, the decoding thread finishes, and the process exits 0."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import uvicorn
 
 from seq2seq_cli.choices import Engine
-from seq2seq_cli.decode.loading import load_translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.serve.app import ServeSettings, create_app
+from seq2seq_cli.serve.runs import describe_runs, open_served, run_paths
 
 __all__ = ["ServeSettings", "serve"]
 
@@ -63,21 +63,35 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(model: Path, device: str, decode: dict[str, object], host: str, port: int, settings: ServeSettings,
+def serve(models: list[Path], device: str, decode: dict[str, object], host: str, port: int, settings: ServeSettings,
           api_keys: Path | None = None, tag: str | None = None, engine: Engine = Engine.auto) -> None:
-    """Serve a run until stopped; `tag` goes in front of every source line; `engine` searches
-    (`seq2seq_cli/decode/loading.py`)."""
+    """Serve runs until stopped: each of `models` a run (or a checkpoint), or a folder holding runs;
+    `tag` goes in front of every source line; `engine` searches (`seq2seq_cli/decode/loading.py`).
+    Every run is checked, and loaded unless `settings.max_loaded` says on first use, before the
+    port opens."""
     if api_keys is not None:
         settings.api_keys = read_api_keys(api_keys)
-    # a bad run fails here, before the port opens
-    choice = load_translator([model], device, decode, tag, engine)
-    translator = choice.translator
+    paths = run_paths(models)
+    if tag is not None and len(paths) > 1:
+        raise UserError(f"--tag {tag}: goes with one run ({len(paths)} are served); a tag belongs to the corpus of one run")
+    runs = [open_served(path, device, decode, tag, engine) for path in paths]
     sock = listen(host, port)
-    app = create_app(translator, settings)
+    app = create_app(runs, settings)
+    state = app.state.serve
+    if settings.max_loaded is None:
+        state.pool.load_all()  # a bad run fails here, before the port opens
+    state.detector.prepare()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5)
     server = _Server(config)
     bound = sock.getsockname()
-    print(f"serving {model} ({choice.describe()}) on http://{host}:{bound[1]}/ (Ctrl-C or SIGTERM to stop)",
-          file=sys.stderr, flush=True)
+    described = describe_runs(state.pool)
+    where = f"http://{host}:{bound[1]}/"
+    if len(described) == 1:
+        print(f"serving {described[0]} on {where} (Ctrl-C or SIGTERM to stop)", file=sys.stderr, flush=True)
+    else:
+        loaded = "" if settings.max_loaded is None else f", at most {settings.max_loaded} loaded at once"
+        print(f"serving {len(described)} runs on {where}{loaded} (Ctrl-C or SIGTERM to stop):", file=sys.stderr, flush=True)
+        for line in described:
+            print(f"  {line}", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     print("stopped", file=sys.stderr, flush=True)

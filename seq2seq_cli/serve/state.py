@@ -1,6 +1,7 @@
 """What the routes of `seq2seq serve` share: the server's settings and one `AppState` record
-(the translator, the batcher that decodes for it, the translated files, the request counters), kept on the app as
-`app.state.serve`; a route reaches it with `app_state(request)`."""
+(the runs and the routes between their languages, the batcher that decodes for them, the language
+detector, the translated files, the request counters), kept on the app as `app.state.serve`; a
+route reaches it with `app_state(request)`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from starlette.routing import Match
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.serve.batcher import Batcher
+from seq2seq_cli.serve.detection import Detector
+from seq2seq_cli.serve.routing import Routes
+from seq2seq_cli.serve.runs import Pool, ServedRun
 from seq2seq_cli.serve.store import FileStore
 
 # The label under which /metrics counts requests for paths the server has no route for, so
@@ -33,35 +37,41 @@ class ServeSettings:
     timeout_s: float = 60.0  # a request not answered in this time gets 504
     api_keys: frozenset[str] | None = None  # None: no key needed
     batching: bool = True  # False: one request per decoding batch
+    max_loaded: int | None = None  # runs loaded at once, on first use; None: all, at start
 
 
 @dataclass
 class AppState:
-    """One server's translator, settings, batcher and counters."""
+    """One server's runs, routes, settings, batcher and counters."""
 
-    translator: Translator
+    pool: Pool
+    routes: Routes
     settings: ServeSettings
     batcher: Batcher
-    splitter: Splitter  # cuts LibreTranslate's texts into sentences (the source language's rules)
+    detector: Detector
+    splitters: dict[str, Splitter] = field(default_factory=dict)  # by language: cut texts into sentences
     files: FileStore = field(default_factory=FileStore)  # translated files waiting for their download
     requests: Counter[str] = field(default_factory=Counter)  # by route path, OTHER_PATHS for the rest
     responses: Counter[int] = field(default_factory=Counter)  # by status
     started: float = field(default_factory=time.monotonic)
-    routes: list[APIRoute] = field(default_factory=list)  # every route of the app
+    api_routes: list[APIRoute] = field(default_factory=list)  # every route of the app
 
     @classmethod
-    def create(cls, translator: Translator, settings: ServeSettings) -> AppState:
-        batcher = Batcher(translator, settings.batch_wait_ms / 1000.0, settings.max_queue, settings.batching)
-        return cls(translator, settings, batcher, Splitter(translator.languages[0]))
+    def create(cls, served: Translator | list[ServedRun], settings: ServeSettings) -> AppState:
+        """The state of a server of `served`: a translator (its one pair), or runs."""
+        runs = [ServedRun.of_translator(served)] if isinstance(served, Translator) else served
+        batcher = Batcher(None, settings.batch_wait_ms / 1000.0, settings.max_queue, settings.batching)
+        pool = Pool(runs, settings.max_loaded, lambda run: batcher.forget(run.name))
+        routes = Routes(runs)
+        splitters = {lang: Splitter(lang) for lang in routes.languages}  # made at start: the first request waits for none
+        return cls(pool, routes, settings, batcher, Detector(routes.languages, runs), splitters)
 
-    @property
-    def languages(self) -> tuple[str, str]:
-        """(source, target) language codes of the run."""
-        return self.translator.languages
-
-    @property
-    def target_vocabulary(self) -> int:
-        return int(self.translator.tgt_sp.get_piece_size())
+    def splitter(self, language: str) -> Splitter:
+        """The sentence splitter of `language`."""
+        found = self.splitters.get(language)
+        if found is None:
+            found = self.splitters[language] = Splitter(language)
+        return found
 
 
 def app_state(request: Request) -> AppState:
@@ -73,7 +83,7 @@ def app_state(request: Request) -> AppState:
 def path_label(request: Request) -> str:
     """The path a request is counted under: the path of the app's route it matches (by path,
     whatever its method), or OTHER_PATHS where none does."""
-    for route in app_state(request).routes:
+    for route in app_state(request).api_routes:
         if route.matches(request.scope)[0] != Match.NONE:
             return route.path
     return OTHER_PATHS

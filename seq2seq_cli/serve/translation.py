@@ -1,6 +1,7 @@
 """The translating routes of `seq2seq serve`: LibreTranslate's POST /translate, POST /detect,
 GET /languages and GET /frontend/settings, and POST /v1/translate with the decoding options of
-`translate`."""
+`translate`. Each request goes along the route of its (source, target) (`routing.py`): one run,
+or two through a pivot language (`legs.py`)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from seq2seq_cli.data import langid
 from seq2seq_cli.decode.options import clip
+from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.documents.detect import SERVED
-from seq2seq_cli.documents.markup import translate_markup
-from seq2seq_cli.documents.sentences import plan
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.languages import LANGUAGE_NAMES
-from seq2seq_cli.serve.batcher import JobOptions
+from seq2seq_cli.languages import language_name, pair_text
+from seq2seq_cli.serve.legs import translate_texts, translator_of, whole_lines
 from seq2seq_cli.serve.parse import (
     REQUEST_DECODE_KEYS,
     V1_KEYS,
     RequestError,
-    answered,
     as_bool,
     as_int,
     check_key,
@@ -30,10 +28,11 @@ from seq2seq_cli.serve.parse import (
     check_size,
     decode_options,
     nbest_fits,
-    queued,
     read_body,
+    route_of,
     texts_of,
 )
+from seq2seq_cli.serve.routing import Route
 from seq2seq_cli.serve.state import AppState, app_state
 
 router = APIRouter()
@@ -65,56 +64,71 @@ async def libretranslate(request: Request) -> JSONResponse:
         raise RequestError(400, "alternatives are given for format text only; format html is translated whole "
                                 "with its markup (leave alternatives out)")
     lines = check_size(state, texts)
-    decode_cfg = state.translator.decode
-    if alternatives and not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
-        decode_cfg = decode_options(state, {"beam_size": alternatives + 1})
-    flat = [line for ls in lines for line in ls]
-    # with alternatives, lines are decoded whole (n-best lists of sentences do not join); else split
-    results = []
-    if alternatives:
-        results = await decode(state, flat, state.batcher.options(decode_cfg, alternatives + 1))
-    out_texts, out_alts = [], []
-    start = 0
-    for ls in lines if results else []:
-        mine = results[start : start + len(ls)]
-        start += len(ls)
-        out_texts.append("\n".join(r["translation"] for r in mine))
-        ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
-        out_alts.append(["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)])
-    if not results:  # sentences joined back into lines, or html with its markup
-        out_texts = await translate_texts(state, texts, fmt)
-        out_alts = [[] for _ in texts]
+    target = data["target"]
+    detected: list[dict[str, Any]] = []
+    if data["source"] == "auto":  # each text from the served language it is most likely in that reaches the target
+        detected = await asyncio.to_thread(lambda: [auto_source(state, t, target) for t in texts])
+        sources = [d["language"] for d in detected]
+    else:
+        sources = [data["source"]] * len(texts)
+    out_texts: list[str] = [""] * len(texts)
+    out_alts: list[list[str]] = [[] for _ in texts]
+    for source in dict.fromkeys(sources):  # the texts of each source language together
+        mine = [i for i, s in enumerate(sources) if s == source]
+        route = route_of(state, source, target)
+        if alternatives:
+            texts_alts = await with_alternatives(state, route, [lines[i] for i in mine], alternatives)
+            for i, (text, alts) in zip(mine, texts_alts):
+                out_texts[i], out_alts[i] = text, alts
+        else:  # sentences joined back into lines, or html with its markup
+            for i, text in zip(mine, await translate_texts(state, route, [texts[i] for i in mine], fmt)):
+                out_texts[i] = text
     single = isinstance(data["q"], str)
     body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
     if alternatives:
         body["alternatives"] = out_alts[0] if single else out_alts
-    if data["source"] == "auto":  # translated from the run's source language, with the identifier's confidence in it
-        found = await asyncio.to_thread(lambda: [detections(t, state.languages) for t in texts])
-        detected = [next(d for d in f if d["language"] == state.languages[0]) for f in found]
+    if detected:
         body["detectedLanguage"] = detected[0] if single else detected
     return JSONResponse(body)
 
 
+async def with_alternatives(state: AppState, route: Route, lines: list[list[str]],
+                            alternatives: int) -> list[tuple[str, list[str]]]:
+    """Each text (its lines) translated whole line by line, with `alternatives` more
+    translations from the n-best list of the route's last leg."""
+    run = route.last.run
+    decode_cfg = run.decode
+    if not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
+        decode_cfg = decode_options(run, {"beam_size": alternatives + 1})
+    flat = [line for ls in lines for line in ls]
+    results = await whole_lines(state, route, flat, state.batcher.options(decode_cfg, alternatives + 1))
+    out = []
+    start = 0
+    for ls in lines:
+        mine = results[start : start + len(ls)]
+        start += len(ls)
+        ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
+        out.append(("\n".join(r["translation"] for r in mine),
+                    ["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)]))
+    return out
+
+
+def auto_source(state: AppState, text: str, target: str) -> dict[str, Any]:
+    """LibreTranslate's detectedLanguage of a text with `source: auto`: the likeliest served
+    language with a route to `target`, with the detector's confidence in it."""
+    ranked = state.detector.rank(text)
+    for found in ranked:
+        if found["language"] != target and state.routes.find(found["language"], target) is not None:
+            return found
+    raise RequestError(400, f"no language this server translates into {target} was detected")
+
+
 @router.get("/languages")
 async def languages(request: Request) -> JSONResponse:
-    source_lang, target_lang = app_state(request).languages
-    return JSONResponse([
-        {"code": source_lang, "name": LANGUAGE_NAMES.get(source_lang, source_lang), "targets": [target_lang]},
-        {"code": target_lang, "name": LANGUAGE_NAMES.get(target_lang, target_lang), "targets": []},
-    ])
-
-
-def detections(text: str, pair: tuple[str, str]) -> list[dict[str, Any]]:
-    """LibreTranslate's answer for one text: each of the server's languages with the language
-    identifier's confidence (0-100, the two adding up to 100), the likelier first. A language
-    the identifier does not know gets 0; where it knows neither, each gets 50."""
-    codes = [langid.identifier_code(lang) for lang in pair]
-    ranked = langid.probabilities(text) if any(codes) and text.strip() else {}
-    probs = [float(ranked.get(code, 0.0)) if code else 0.0 for code in codes]
-    total = sum(probs)
-    shares = [p / total for p in probs] if total > 0 else [1 / len(pair)] * len(pair)
-    found = [{"confidence": round(100 * share, 1), "language": lang} for lang, share in zip(pair, shares)]
-    return sorted(found, key=lambda d: -d["confidence"])
+    """Each served language with every language it is translated into, direct or through a pivot."""
+    routes = app_state(request).routes
+    return JSONResponse([{"code": lang, "name": language_name(lang), "targets": routes.targets(lang)}
+                         for lang in routes.languages])
 
 
 @router.post("/detect")
@@ -124,22 +138,22 @@ async def detect(request: Request) -> JSONResponse:
         raise RequestError(400, "Invalid request: missing q parameter")
     texts = texts_of(data["q"])
     check_size(state, texts)
-    found = await asyncio.to_thread(lambda: [detections(t, state.languages) for t in texts])
+    found = await asyncio.to_thread(lambda: [state.detector.rank(t) for t in texts])
     return JSONResponse(found[0] if isinstance(data["q"], str) else found)
 
 
 @router.get("/frontend/settings")
 async def frontend_settings(request: Request) -> JSONResponse:
     """What LibreTranslate's clients ask before they translate: the limits, whether a key is
-    needed, the file formats, and the languages to show first."""
+    needed, the file formats, and the languages to show first (the first run's first pair)."""
     state = app_state(request)
-    source_lang, target_lang = state.languages
+    source_lang, target_lang = state.pool.runs[0].pairs[0]
     keys = state.settings.api_keys is not None
     return JSONResponse({
         "charLimit": state.settings.max_chars, "frontendTimeout": 500, "suggestions": False, "filesTranslation": True,
         "apiKeys": keys, "keyRequired": keys, "supportedFilesFormat": list(SERVED),
-        "language": {"source": {"code": source_lang, "name": LANGUAGE_NAMES.get(source_lang, source_lang)},
-                     "target": {"code": target_lang, "name": LANGUAGE_NAMES.get(target_lang, target_lang)}},
+        "language": {"source": {"code": source_lang, "name": language_name(source_lang)},
+                     "target": {"code": target_lang, "name": language_name(target_lang)}},
     })
 
 
@@ -153,22 +167,43 @@ async def v1_translate(request: Request) -> JSONResponse:
     if data.get("q") is None:
         raise RequestError(400, "Invalid request: missing q parameter")
     texts = texts_of(data["q"])
-    if data.get("source") is not None or data.get("target") is not None:
-        source_lang, target_lang = state.languages
-        check_pair(state, data.get("source", source_lang), data.get("target", target_lang))
+    route = await v1_route(state, data, texts)
     nbest = as_int(data.get("nbest", 1), "nbest", 1, 64)
     alignment = as_bool(data.get("alignment", False), "alignment")
     attention = as_bool(data.get("attention", False), "attention")
-    decode_cfg = decode_options(state, {k: v for k, v in data.items() if k in REQUEST_DECODE_KEYS})
+    given = {k: v for k, v in data.items() if k in REQUEST_DECODE_KEYS}
+    decode_cfg = decode_options(route.last.run, given)
     nbest_fits(nbest, decode_cfg)
+    before = {leg.run.name: decode_options(leg.run, given) for leg in route.legs[:-1]}  # the same options on each leg
     per_text = check_size(state, texts)
-    prefixes = None if data.get("prefix") is None else prefixes_of(state, data["prefix"], data["q"], per_text)
+    prefixes = None
+    if data.get("prefix") is not None:
+        prefixes = prefixes_of(await translator_of(state, route.last), data["prefix"], data["q"], per_text)
     lines = [line for ls in per_text for line in ls]
-    results = await decode(state, lines, state.batcher.options(decode_cfg, nbest, alignment, attention), prefixes)
-    return JSONResponse({"results": results})
+    results = await whole_lines(state, route, lines, state.batcher.options(decode_cfg, nbest, alignment, attention),
+                                prefixes, lambda leg: state.batcher.options(before[leg.run.name], 1))
+    body: dict[str, Any] = {"results": results, "source": route.legs[0].pair[0], "target": route.last.pair[1],
+                            "runs": route.runs, "pivot": route.pivot}
+    return JSONResponse(body)
 
 
-def prefixes_of(state: AppState, prefix: Any, q: Any, lines: list[list[str]]) -> list[list[int]]:
+async def v1_route(state: AppState, data: dict[str, Any], texts: list[str]) -> Route:
+    """The route of a /v1/translate request: its source (or auto: the language detected in all
+    its text) and target; without them, the server's one pair where it has one."""
+    source, target = data.get("source"), data.get("target")
+    pairs = list(state.routes.direct)
+    if len(pairs) == 1:  # a server of one pair: it is the default
+        source, target = pairs[0][0] if source is None else source, pairs[0][1] if target is None else target
+    if source is None or target is None:
+        raise RequestError(400, f"Invalid request: missing {'source' if source is None else 'target'} parameter "
+                                f"(this server translates {pair_text(pairs)}, and more through a pivot: GET /languages)")
+    check_pair(state, source, target)
+    if source == "auto":
+        source = (await asyncio.to_thread(auto_source, state, "\n".join(texts), target))["language"]
+    return route_of(state, source, target)
+
+
+def prefixes_of(translator: Translator, prefix: Any, q: Any, lines: list[list[str]]) -> list[list[int]]:
     """The forced prefix of each line of a request (target ids, [] = none): `prefix` has
     q's shape (a string, or a list as long as q's), each text's lines matching its q text's
     lines; an empty string is no prefix for all the lines of its text."""
@@ -189,34 +224,6 @@ def prefixes_of(state: AppState, prefix: Any, q: Any, lines: list[list[str]]) ->
                                     f"{len(ls)}; give one prefix line per line (an empty line for none)")
         flat.extend(parts)
     try:
-        return state.translator.encode_prefixes(flat, lambda i: f"prefix of line {i + 1}")
+        return translator.encode_prefixes(flat, lambda i: f"prefix of line {i + 1}")
     except UserError as exc:
         raise RequestError(400, f"Invalid request: {exc}") from None
-
-
-async def translate_texts(state: AppState, texts: list[str], fmt: str) -> list[str]:
-    """LibreTranslate's texts translated: in `fmt` html with their markup, as `translate` does an
-    HTML file (on the decoding thread, in its turn); else line by line, one output line per line,
-    each line cut into sentences and joined back, its sentences batched with other requests'."""
-    translator, splitter = state.translator, state.splitter
-    if fmt == "html":
-        def work() -> list[str]:
-            return [translate_markup(translator, text, "html", splitter) for text in texts]
-
-        translated: list[str] = await answered(state, queued(lambda: state.batcher.run_alone(work)))
-        return translated
-    per_text = [t.split("\n") for t in texts]
-    split = plan([line for ls in per_text for line in ls], splitter)
-    results = await decode(state, split.units, state.batcher.options(translator.decode, 1))
-    joined = split.join([r["translation"] for r in results])
-    out, k = [], 0
-    for ls in per_text:
-        out.append("\n".join(joined[k : k + len(ls)]))
-        k += len(ls)
-    return out
-
-
-async def decode(state: AppState, lines: list[str], options: JobOptions,
-                 prefixes: list[list[int]] | None = None) -> list[dict[str, Any]]:
-    """Each line's result, decoded by the batcher with the requests queued beside it."""
-    return await answered(state, queued(lambda: state.batcher.submit(lines, options, prefixes)))

@@ -323,9 +323,9 @@ BAD = {
     "serve-missing-target": ("/translate", "q=hola&source=es", "application/x-www-form-urlencoded", 400,
                              "Invalid request: missing target parameter"),
     "serve-wrong-source": ("/translate", {"q": "hola", "source": "fr", "target": "en"}, "application/json", 400,
-                           "fr is not supported as the source language; this model translates es to en"),
+                           "fr is not supported as a source language; this server translates from es"),
     "serve-wrong-target": ("/translate", {"q": "hola", "source": "es", "target": "de"}, "application/json", 400,
-                           "de is not supported as the target language; this model translates es to en"),
+                           "de is not supported as a target language; this server translates into en"),
     "serve-q-type": ("/translate", {"q": 3, "source": "es", "target": "en"}, "application/json", 400,
                      "Invalid request: q must be a string or a list of strings"),
     "serve-format": ("/translate", {"q": "hola", "source": "es", "target": "en", "format": "markdown"}, "application/json", 400,
@@ -558,7 +558,9 @@ START = {
     "serve-keys-empty": (["--model", "{run}", "--api-keys", "{tmp}/empty.txt"], "error: {tmp}/empty.txt: no API keys in it (expected one key per line)"),
     "serve-port-in-use": (["--model", "{run}", "--port", "{port}"], "error: 127.0.0.1:{port}: cannot listen there (Address already in use); choose another --port or --host"),
     "serve-keys-directory": (["--model", "{run}", "--api-keys", "{tmp}"], "error: {tmp}: is a directory, expected a file of API keys (one key per line)"),
-    "serve-model-twice": (["--model", "{run}", "--model", "{tmp}/empty.txt"], "error: --model is given 2 times ({run}, {tmp}/empty.txt); serve takes one model (API keys are given with --api-keys FILE)"),
+    "serve-model-twice": (["--model", "{run}", "--model", "{tmp}/empty.txt"], "error: {tmp}/empty.txt: not a checkpoint (expected a run directory, or a .safetensors checkpoint in its checkpoints/)"),
+    "serve-folder-without-runs": (["--model", "{tmp}/folder"], "error: {tmp}/folder: neither a run (no config.yaml) nor a folder holding runs (no subfolder has one)"),
+    "serve-tag-several-runs": (["--model", "{run}", "--model", "{run}", "--tag", "<bt>"], "error: --tag <bt>: goes with one run (2 are served); a tag belongs to the corpus of one run"),
     "serve-model-not-checkpoint": (["--model", "{tmp}/empty.txt"], "error: {tmp}/empty.txt: not a checkpoint (expected a run directory, or a .safetensors checkpoint in its checkpoints/)"),
 }
 
@@ -566,6 +568,7 @@ START = {
 @pytest.mark.parametrize("case", sorted(START))
 def test_bad_start_is_one_line(run_dir, tmp_path, case):
     (tmp_path / "empty.txt").write_text("\n# nothing\n", encoding="utf-8")
+    (tmp_path / "folder" / "not-a-run").mkdir(parents=True)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -580,7 +583,7 @@ def test_every_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Serving", 1)[1].split("\n## ", 1)[0]
     assert set(re.findall(r"^\| (serve-[a-z0-9-]+) \|", section, re.MULTILINE)) == set(BAD) | set(START) | {
-        "serve-queue-full", "serve-timeout", "serve-internal"}
+        "serve-queue-full", "serve-timeout", "serve-internal", "serve-no-route"}
 
 
 # ---------------------------------------------------------------------------- in process
