@@ -11,13 +11,19 @@ saying how to fetch it. The revision read (the commit of the dataset on the Hub,
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from seq2seq_cli.config import SplitConfig
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import file_key
 
 READ_BATCH = 1000
+FILES_MARKER = "seq2seq-files"  # beside datasets' copy of a local folder: the `_folder_key` it was made from
 
 
 def _cache_home() -> str:
@@ -56,15 +62,28 @@ def _builder(spec: SplitConfig):
         raise _problem(spec, exc) from None
 
 
+def _folder_key(folder: str) -> str:
+    """What tells one version of a local folder's files from another without reading them
+    (`file_key` of each: size, times, inode): `datasets` goes by their modification times alone,
+    so a file rewritten under its old one (`cp -p`, `touch -r`) would be read from its old copy."""
+    keys = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        keys += [file_key(Path(root) / name) for name in sorted(names) if not name.startswith(".")]
+    return hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16]
+
+
 def resolve(spec: SplitConfig) -> str:
     """The revision of the dataset `spec` names that `read_hub` reads (the commit on the Hub,
-    or the hash of a local folder's files) -> raise UserError when it is not in the cache
-    (offline) or has no such configuration or split."""
+    or the hash of a local folder's files, with their sizes, times and inodes) -> raise
+    UserError when it is not in the cache (offline) or has no such configuration or split."""
     if spec.revision is not None and spec.hub is not None and os.path.isdir(spec.hub):
         raise UserError(f"hub dataset {spec.describe()}: revision {spec.revision!r} means nothing for a local folder, "
                         "which is read as it is on disk; leave revision out (the run records the hash of its files)")
     builder = _builder(spec)
     _check_split(spec, builder.info.splits)
+    if spec.hub is not None and os.path.isdir(spec.hub):
+        return f"{builder.hash or ''}-{_folder_key(spec.hub)}"
     return str(builder.hash or "")
 
 
@@ -100,8 +119,17 @@ def read_hub(spec: SplitConfig, src_lang: str, tgt_lang: str, num_proc: int = 1)
     dataset is not cached (offline), lacks the columns or holds something other than text."""
     builder = _builder(spec)
     where = spec.describe()
+    local = spec.hub is not None and os.path.isdir(spec.hub)
+    marker = Path(builder.cache_dir) / FILES_MARKER
+    key = _folder_key(spec.hub) if local and spec.hub is not None else ""
     try:
-        builder.download_and_prepare()
+        # datasets' copy of a local folder is made again where the files changed under their old mtimes
+        stale = (local and (not marker.is_file() or marker.read_text(encoding="utf-8") != key)
+                 and os.access(_cache_home(), os.W_OK))
+        builder.download_and_prepare(download_mode="force_redownload" if stale else None)
+        if local:
+            with contextlib.suppress(OSError):
+                marker.write_text(key, encoding="utf-8")
         _check_split(spec, builder.info.splits)
         data = builder.as_dataset(split=spec.split)
     except UserError:

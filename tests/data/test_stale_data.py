@@ -87,6 +87,31 @@ def test_a_moses_zip_rewritten_under_its_old_mtime_is_read_again(tmp_path):
     assert read_parallel(str(path), "es", "en", tmp_path / "cache")[2]["src"] == "dos 2"
 
 
+def test_a_hub_folder_rewritten_under_its_old_mtime_is_read_again(tmp_path, monkeypatch):
+    """`datasets` keys its copy of a local folder on the files' modification times: a parquet
+    file rewritten under its old one is read again, and the encoded cache's key changes."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    path = tmp_path / "hub" / "data" / "train-00000-of-00001.parquet"
+
+    def parquet(word: str) -> bytes:
+        pq.write_table(pa.table({"translation": [{"es": f"{word} {i}", "en": f"one {i}"} for i in range(10)]}),
+                       tmp_path / "t.parquet")
+        return (tmp_path / "t.parquet").read_bytes()
+
+    path.write_bytes(parquet("uno"))
+    spec = SplitConfig(hub=str(tmp_path / "hub"), split="train")
+    before = encoding._fingerprint(split_source(spec, "es", "en"), NoModel(), NoModel(), {})
+    assert read_parallel(spec, "es", "en")[3]["src"] == "uno 3"
+    rewrite_keeping_mtime(path, parquet("dos"))
+    assert read_parallel(spec, "es", "en")[3]["src"] == "dos 3"
+    assert encoding._fingerprint(split_source(spec, "es", "en"), NoModel(), NoModel(), {}) != before
+
+
 def test_a_hub_folders_columns_are_part_of_the_encoded_caches_key(tmp_path):
     def key(src_column: str, tgt_column: str) -> str:
         spec = SplitConfig(hub=str(tmp_path), split="train", src_column=src_column, tgt_column=tgt_column)
