@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 LANGUAGE_NAMES = {
     "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "ja": "Japanese",
     "nl": "Dutch", "ny": "Chichewa", "pl": "Polish", "pt": "Portuguese", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
@@ -47,3 +49,17 @@ def choose_pair(pairs: list[tuple[str, str]], src: str | None, tgt: str | None, 
     if src not in sources:
         raise UserError(f"--src-lang {src} --tgt-lang {tgt}: {where} translates {pair_text(pairs)}")
     return src, tgt
+
+
+def run_pairs(data: Any) -> dict[str, Any]:
+    """A run's language pairs and the tokens that name its targets, as `Translator` fields
+    (`data`: the run's `DataConfig`)."""
+    tokens = {t: tok for t in data.targets if (tok := data.target_token(t)) is not None}
+    return {"pairs": tuple(data.pairs), "target_tokens": tokens}
+
+
+def pairs_line(data: Any) -> str:
+    """The run's language pairs in one line, with the tokens that name its targets."""
+    tokens = [f"{t} {tok}" for t in data.targets if (tok := data.target_token(t))]
+    named = f"; the target named by the source token: {', '.join(tokens)}" if tokens else ""
+    return f"language pairs: {pair_text(data.pairs)}{named}"

@@ -27,10 +27,11 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.deferred import Deferred
 from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
 from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortlisted
-from seq2seq_cli.decode.translate import Translator, run_pairs
+from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_precision
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import sha256
+from seq2seq_cli.languages import run_pairs
 from seq2seq_cli.run.loaded import RunFiles, open_run
 
 if TYPE_CHECKING:
@@ -200,4 +201,4 @@ def deferred_translator(files: RunFiles, decode: DecodeConfig, run: Deferred[Loa
     return Translator(later(model.get), files.src_sp, files.tgt_sp, decode, later(cpu), files.run_dir,
                       (config.data.src_lang, config.data.tgt_lang), tags=tags,
                       listed=None if shortlist is None else later(load_listed), shortlist_file=shortlist,
-                      model_config=config.model, **run_pairs(config))
+                      model_config=config.model, **run_pairs(config.data))

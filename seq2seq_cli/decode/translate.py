@@ -29,6 +29,7 @@ from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
 from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortlisted
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import EOS, UNK
+from seq2seq_cli.languages import choose_pair, run_pairs
 from seq2seq_cli.layout import CONFIG
 
 if TYPE_CHECKING:  # torch and the searches are imported when our searches first run (see `Deferred`)
@@ -45,13 +46,6 @@ if TYPE_CHECKING:  # torch and the searches are imported when our searches first
 
 __all__ = ["Translator", "read_shortlist", "shortlisted"]
 FEW_LINES = 64  # fewer lines are tokenized one by one (`Translator.encode`)
-
-
-def run_pairs(config: Any) -> dict[str, Any]:
-    """A run's language pairs and target tokens, as `Translator` fields (`config`: its `Config`)."""
-    d = config.data
-    tokens = {t: tok for t in d.targets if (tok := d.target_token(t)) is not None}
-    return {"pairs": tuple(d.pairs), "target_tokens": tokens}
 
 
 @dataclass
@@ -121,7 +115,7 @@ class Translator:
         tags = None if run.config.tokenizer.vocabulary == "file" else tuple(run.config.data.tags)
         listed = None if shortlist is None else shortlisted(models[0], read_shortlist(shortlist, run.src_sp, run.tgt_sp))
         return cls(model, run.src_sp, run.tgt_sp, decode, dev, run.run_dir, languages, ensemble_runs=others, tags=tags,
-                   listed=listed, shortlist_file=shortlist, model_config=model.cfg, **run_pairs(run.config))
+                   listed=listed, shortlist_file=shortlist, model_config=model.cfg, **run_pairs(run.config.data))
 
     @property
     def cfg(self) -> ModelConfig:
@@ -163,16 +157,11 @@ class Translator:
         return self.replaced(tag_ids=ids)
 
     def with_pair(self, src: str | None, tgt: str | None) -> Translator:
-        """This translator for one of the run's language pairs (`pairs`), picked by --src-lang
-        and --tgt-lang (`languages.choose_pair`; None: not given): its languages set, and the
-        token that names the target (`target_tokens`, OPUS-MT's `>>xx<<`) put in front of every
-        source, before a tag's id."""
-        from seq2seq_cli.languages import choose_pair
-
+        """This translator for the pair --src-lang and --tgt-lang pick: `choose_pair`, the token in front."""
         where = str(self.run_dir) if self.run_dir is not None else "the run"
         chosen = choose_pair(list(self.pairs) or [self.languages], src, tgt, where)
-        name = self.target_tokens.get(chosen[1])
-        ids = [tag_id(self.src_sp, name, f"{where}: the language token of {chosen[1]}")] if name else []
+        ids = [tag_id(self.src_sp, t, f"{where}: the language token of {chosen[1]}")
+               for t in [self.target_tokens.get(chosen[1])] if t]
         return self.replaced(languages=chosen, tag_ids=ids + self.tag_ids)
 
     def with_engine(self, engine: SearchEngine | None) -> Translator:

@@ -22,8 +22,8 @@ from seq2seq_cli.data.corpora import Part, drawn_per_corpus, epoch_rows
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.train import loop as train_module
+from seq2seq_cli.train.data import prepare_data
 from seq2seq_cli.train.distributed import Processes
-from seq2seq_cli.train.setup import prepare_data
 
 runner = CliRunner()
 ES = (SHIPPED / "valid.es").read_text(encoding="utf-8").splitlines()
