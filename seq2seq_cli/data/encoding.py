@@ -267,7 +267,7 @@ def check_no_empty_lines(raw, value: SplitValue, d) -> None:
     """data.on_empty: error -> raise for the first pair whose source or target text is blank,
     naming its file and line (checked on the text, before a tokenizer is trained)."""
     langs = d.pair_of(value)
-    source = split_source(value, *langs, d.format)
+    source = split_source(value, langs[0], langs[1], d.format)
     first = {
         side: pc.index(pc.equal(pc.utf8_trim_whitespace(raw.data.column(column)), ""), True).as_py()
         for side, column in (("source", "src"), ("target", "tgt"))

@@ -140,7 +140,8 @@ def corpus_sources(config) -> list[Source]:
     sources = []
     for i, corpus in enumerate(d.train):
         try:
-            sources.append(split_source(corpus, *d.pair_of(corpus), d.format))
+            src_lang, tgt_lang = d.pair_of(corpus)
+            sources.append(split_source(corpus, src_lang, tgt_lang, d.format))
         except UserError as exc:
             raise UserError(f"{config.where('data', 'train', i)}: {exc}") from None
     return sources
@@ -345,5 +346,6 @@ def read_split(config, value: SplitValue):
     """`read_parallel` of one split with the config's data settings (format, fields, processes),
     datasets' own cache in RUN/cache. `config` is a `seq2seq_cli.config.Config`."""
     d = config.data
-    return read_parallel(value, *d.pair_of(value), RunLayout(config.run_path).cache, format=d.format,
+    src_lang, tgt_lang = d.pair_of(value)
+    return read_parallel(value, src_lang, tgt_lang, RunLayout(config.run_path).cache, format=d.format,
                          src_field=d.src_field, tgt_field=d.tgt_field, num_proc=d.num_proc)
