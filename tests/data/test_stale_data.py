@@ -87,6 +87,20 @@ def test_a_moses_zip_rewritten_under_its_old_mtime_is_read_again(tmp_path):
     assert read_parallel(str(path), "es", "en", tmp_path / "cache")[2]["src"] == "dos 2"
 
 
+def test_a_tmx_file_rewritten_under_its_old_mtime_is_read_again(tmp_path):
+    path = tmp_path / "c.tmx"
+
+    def tmx(word: str) -> bytes:
+        units = "".join(f'<tu><tuv xml:lang="es"><seg>{word} {i}</seg></tuv><tuv xml:lang="en"><seg>one {i}</seg></tuv></tu>\n'
+                        for i in range(10))
+        return f'<?xml version="1.0"?>\n<tmx version="1.4"><header/><body>\n{units}</body></tmx>\n'.encode()
+
+    path.write_bytes(tmx("uno"))
+    assert read_parallel(str(path), "es", "en", tmp_path / "cache")[2]["src"] == "uno 2"
+    rewrite_keeping_mtime(path, tmx("dos"))
+    assert read_parallel(str(path), "es", "en", tmp_path / "cache")[2]["src"] == "dos 2"
+
+
 def test_a_hub_folder_rewritten_under_its_old_mtime_is_read_again(tmp_path, monkeypatch):
     """`datasets` keys its copy of a local folder on the files' modification times: a parquet
     file rewritten under its old one is read again, and the encoded cache's key changes."""
