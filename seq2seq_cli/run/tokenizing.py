@@ -25,8 +25,8 @@ def train_tokenizer(config: Config, log: Callable[[str], None] = lambda _: None)
 
     with runlock.hold(config.run_path, runlock.command_line()):
         check_tokenizer_replaceable(config)
-        check_valid_splits(config)
         paths = make_tokenizer(config)
+        check_valid_splits(config)  # after the training text's own checks, before anything is encoded
         t = config.tokenizer
         src_sp, tgt_sp = load_tokenizers(config.run_path, t.joint, t.vocabulary)
         write_data_report(config, src_sp, tgt_sp, log)
