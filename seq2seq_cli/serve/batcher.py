@@ -26,6 +26,7 @@ by side would share the CPU's threads and slow both far more than they gain).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -264,7 +265,8 @@ def line_result(translator: Translator, options: JobOptions, line: str, src_ids:
             attention = translator.cross_attention(src_ids, h.tokens, -1, None)
         if rank == 0:
             best_attention = attention
-        rendered.append({"translation": translator.render(h.tokens, line, attention), "score": round(h.score, 4)})
+        score = round(h.score, 4) if math.isfinite(h.score) else None  # null: an n-best list the search could not fill
+        rendered.append({"translation": translator.render(h.tokens, line, attention), "score": score})
     out: dict[str, Any] = dict(rendered[0])
     if options.nbest > 1:
         out["nbest"] = rendered
