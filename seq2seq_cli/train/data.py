@@ -112,16 +112,16 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
         where = config.where("data", "valid", *([i] if len(valid_splits) > 1 else []))
         prefix = [tag_id(src_sp, token, f"{where}: the language token of {pair[1]}")] if token else []
         label = "valid" if len(valid_splits) == 1 else f"valid.{i}"
-        corpus = encoded_split(config, split, src_sp, tgt_sp, training=False, log=log, label=label, prefix=prefix,
-                               cached=caches[1][i] if caches else None)
-        if not len(corpus) and not corpus.dropped.get(Drop.TOO_LONG.key):
-            raise no_valid_pairs(where, split, sum(corpus.dropped.values()))
-        if corpus.dropped.get(Drop.TOO_LONG.key):
-            if not len(corpus):
+        encoded = encoded_split(config, split, src_sp, tgt_sp, training=False, log=log, label=label, prefix=prefix,
+                                cached=caches[1][i] if caches else None)
+        if not len(encoded) and not encoded.dropped.get(Drop.TOO_LONG.key):
+            raise no_valid_pairs(where, split, sum(encoded.dropped.values()))
+        if encoded.dropped.get(Drop.TOO_LONG.key):
+            if not len(encoded):
                 raise UserError(f"{split}: no validation pair fits the model's {config.model.max_positions} positions "
                                 "(EOS or start counted); give a validation split of shorter sentences")
-            log(describe_skipped(str(split), corpus.dropped[Drop.TOO_LONG.key], config.model.max_positions))
-        valids.append(ValidSplit(pair, corpus, raw, prefix))
+            log(describe_skipped(str(split), encoded.dropped[Drop.TOO_LONG.key], config.model.max_positions))
+        valids.append(ValidSplit(pair, encoded, raw, prefix))
     if procs.main:
         distributed.from_main(procs, (train_caches, [v.corpus.cache_path for v in valids]))
     return TrainData(train_data, valids, src_sp, tgt_sp)

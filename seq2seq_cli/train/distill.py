@@ -291,12 +291,13 @@ def distill(config: Config, progress: bool = True, log: Callable[[str], None] = 
     assert student.distill is not None
     warm = teacher.checkpoint if student.distill.init_from_teacher else None
     run = train(student, resume=resume, progress=progress, log=log, warm_start=warm)
-    if not report or student.data.test is None:
+    tests = student.data.eval_splits("test")
+    if not report or len(tests) != 1:  # no test split, or one per pair: no table
         return Distilled(run, None)
     from seq2seq_cli.data.formats import read_split
     from seq2seq_cli.train import distill_report
 
-    test = read_split(student, student.data.test)
+    test = read_split(student, tests[0])
     log(f"measuring teacher and student on the test split ({len(test):,} lines, x{repeat} for the speed)")
     figures = distill_report.compare(teacher.run_dir, run, list(test["src"]), list(test["tgt"]), repeat)
     distill_report.write_report(RunLayout(run).distill_report, figures)

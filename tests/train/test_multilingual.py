@@ -14,13 +14,13 @@ import sentencepiece as spm
 import yaml
 from typer.testing import CliRunner
 
+from helpers import REPO, SHIPPED, make_config, one_error_line, quiet, weights
 from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.corpora import Part, pair_factors
 from seq2seq_cli.data.tokenizer import keep_rates, language_shares
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.languages import choose_pair
-from helpers import REPO, SHIPPED, make_config, one_error_line, quiet, weights
 
 NY = REPO / "data" / "bible-ny-en"
 
