@@ -97,13 +97,18 @@ SYSTEMS = ("batched", "ours", "ours-ct2", "unbatched", "ct2", "libretranslate") 
 
 
 def libretranslate_env(run: Path, work: Path, lt_python: str, pair: tuple[str, str], beam: int, threads: int,
-                       compute_type: str, env: dict[str, str]) -> dict[str, str]:
-    """Export `run` for Argos and install it into a LibreTranslate home of its own under `work`;
-    -> the server's environment (see the module's text for each setting)."""
+                       compute_type: str, env: dict[str, str], more: tuple[tuple[Path, tuple[str, str]], ...] = ()
+                       ) -> dict[str, str]:
+    """Export `run` (and the runs of `more`, each with its pair) for Argos and install them into a
+    LibreTranslate home of its own under `work`; -> the server's environment (see the module's
+    text for each setting)."""
     home = work / "libretranslate"
-    package = work / f"{pair[0]}_{pair[1]}.argosmodel"
-    subprocess.run([sys.executable, "-m", "seq2seq_cli", "export", "--model", str(run), "--format", "argos", str(package)],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    packages = []
+    for each, (src, tgt) in ((run, pair), *more):  # one-pair runs: each package names its run's pair
+        package = work / f"{src}_{tgt}.argosmodel"
+        subprocess.run([sys.executable, "-m", "seq2seq_cli", "export", "--model", str(each), "--format", "argos", str(package)],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        packages.append(package)
     # Imported with ARGOS_CHUNK_TYPE=SPACY, argostranslate fetches spaCy's multilingual sentence
     # model unless this folder exists (and spaCy's downloader ends the process when it cannot);
     # it is never loaded, as the package carries its own splitter (spacy/).
@@ -119,10 +124,11 @@ def libretranslate_env(run: Path, work: Path, lt_python: str, pair: tuple[str, s
         ARGOS_COMPUTE_TYPE=compute_type,
         ORT_DISABLE_TELEMETRY="1",  # onnxruntime (imported by argostranslate's sentence splitters) sends usage events
     )
-    r = subprocess.run([lt_python, "-c", LT_INSTALL, str(package)], env=lt_env, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"installing {package} with {lt_python} failed:\n{r.stderr[-2000:]}")
-    print(f"libretranslate: installed {r.stdout.strip()}", file=sys.stderr, flush=True)
+    for package in packages:
+        r = subprocess.run([lt_python, "-c", LT_INSTALL, str(package)], env=lt_env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"installing {package} with {lt_python} failed:\n{r.stderr[-2000:]}")
+        print(f"libretranslate: installed {r.stdout.strip()}", file=sys.stderr, flush=True)
     return lt_env
 
 

@@ -2,7 +2,11 @@
 
 A server of several runs queues each request in its run's lane: a round decodes one lane's
 requests (batches never mix runs, nor a run's pairs), and the lanes take turns, the one served
-longest ago first, so a flood of requests on one run does not starve the others.
+longest ago first, so a flood of requests on one run does not starve the others. While another
+lane has had a request within the last SHARED_S seconds, a round takes no more requests than
+the busiest of those lanes has (queued now, or in its last round; at least SHARED_ROUND): a lone
+client on a quiet run then waits for a short round, not for a flood's whole batch, while runs
+that are all busy still batch as many requests as they have.
 
 Each request is a `Job`: its lines and its decoding options (`JobOptions`). The worker thread
 takes the oldest job, waits until at most `wait_s` after that job arrived for more jobs with
@@ -25,6 +29,7 @@ by side would share the CPU's threads and slow both far more than they gain).
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import threading
@@ -40,6 +45,8 @@ from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 
 log = logging.getLogger("seq2seq.serve")
+SHARED_S = 1.0  # a lane with a request this recent shares the decoder (see the module's text)
+SHARED_ROUND = 2  # the fewest requests a round may take while the decoder is shared
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ class Batcher:
         self._served: dict[str, int] = {}  # lane -> the round it was last served in
         self._rounds = 0
         self._busy_lane = ""
+        self._arrived: dict[str, float] = {}  # lane -> when its last request arrived
+        self._last_size: dict[str, int] = {}  # lane -> requests in its last round
 
     def options(self, decode: DecodeConfig, nbest: int = 1, alignment: bool = False, attention: bool = False) -> JobOptions:
         return JobOptions(decode.model_dump_json(), nbest, alignment, attention)
@@ -142,6 +151,7 @@ class Batcher:
             if len(self._queue) + self._busy >= self.max_queue:
                 raise QueueFull(self.max_queue)
             self._queue.append(job)
+            self._arrived[job.lane] = job.arrived
             self._cond.notify()
         return job.future
 
@@ -176,6 +186,13 @@ class Batcher:
                 while not self._stopping and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
             group = [first] if alone else [j for j in self._queue if first.together(j)]
+            now = time.monotonic()
+            waiting = collections.Counter(j.lane for j in self._queue)
+            others = [max(waiting[lane], self._last_size.get(lane, 1)) for lane, at in self._arrived.items()
+                      if lane != turn and now - at < SHARED_S]
+            if others:  # other runs are asking too: a round no larger than theirs
+                group = group[: max(SHARED_ROUND, *others)]
+            self._last_size[turn] = len(group)
             for job in group:
                 self._queue.remove(job)
             group = [j for j in group if j.future.set_running_or_notify_cancel()]  # timed out while queued: dropped
