@@ -365,27 +365,14 @@ def export(
     quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output directory (or an existing .argosmodel).")] = False,
 ) -> None:
-    from seq2seq_cli.run.loaded import run_config
     """Export a trained model for another inference engine (CTranslate2, Argos Translate) or as a Hugging Face Marian model."""
-    from seq2seq_cli.convert.export import export_ctranslate2
+    from seq2seq_cli.convert.exporting import export_run
+    from seq2seq_cli.languages import pairs_line
+    from seq2seq_cli.run.loaded import run_config
 
-    if format is ExportFormat.hf:
-        from seq2seq_cli.convert.hf import export_hf
-
-        if quantization is not None:
-            raise UserError("--quantization is for --format ctranslate2; hf exports float32 weights")
-        written = export_hf(model, output, force)
-    elif format is ExportFormat.argos:
-        from seq2seq_cli.convert.argos import export_argos
-
-        written = export_argos(model, output, quantization, force)
-    else:
-        written = export_ctranslate2(model, output, quantization, force)
-    packages = sorted(written.iterdir()) if format is ExportFormat.argos and written.is_dir() else [written]
-    for path in packages:  # a run of several pairs: one Argos package each
+    for path in export_run(model, output, format, quantization, force):
         typer.echo(f"wrote {path}")
-    data = run_config(model).data
-    if len(data.pairs) > 1 or data.language_tokens:  # what a user of the export must know: the pairs, the tokens
+    if len((data := run_config(model).data).pairs) > 1 or data.language_tokens:  # the pairs and their tokens
         typer.echo(pairs_line(data))
 
 

@@ -133,6 +133,21 @@ def language_tokens(vocab: dict[str, int]) -> dict[str, str]:
     return {piece[2:-2]: piece for _, piece in found}
 
 
+def _vocabularies(src_dir: Path, shared: bool) -> tuple[dict[str, int], dict[str, int], Path]:
+    """The source and target vocabularies (piece -> Marian id), each checked against its
+    SentencePiece model, and the target's file (vocab.json where they are shared)."""
+    src_vocab = _read_json(src_dir / SOURCE_VOCAB)
+    tgt_path = src_dir / TARGET_VOCAB
+    tgt_path = tgt_path if tgt_path.is_file() and not shared else src_dir / SOURCE_VOCAB
+    tgt_vocab = _read_json(tgt_path)
+    for path, vocab in ((src_dir / SOURCE_VOCAB, src_vocab), (tgt_path, tgt_vocab)):
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+            raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
+    _check_pieces(src_dir / SOURCE_SPM, src_vocab, src_dir / SOURCE_VOCAB)
+    _check_pieces(src_dir / TARGET_SPM, tgt_vocab, tgt_path)
+    return src_vocab, tgt_vocab, tgt_path
+
+
 def _target_language(tgt_lang: str | None, tokens: dict[str, str], vocab_path: Path) -> str:
     """The run's data.tgt_lang: the one given ("tgt" where none is); a multi-target model's is
     one of its targets (`tokens`), the first where none is given."""
@@ -190,17 +205,9 @@ def import_marian(src_dir: str | Path, run_dir: str | Path, src_lang: str = "src
     unk_piece = tok_cfg.get("unk_token", "<unk>") if isinstance(tok_cfg, dict) else "<unk>"
     unk_piece = unk_piece.get("content", "<unk>") if isinstance(unk_piece, dict) else unk_piece
     shared = bool(cfg["share_encoder_decoder_embeddings"])
-    src_vocab = _read_json(src_dir / SOURCE_VOCAB)
-    tgt_path = src_dir / TARGET_VOCAB
-    tgt_path = tgt_path if tgt_path.is_file() and not shared else src_dir / SOURCE_VOCAB
-    tgt_vocab = _read_json(tgt_path)
-    for path, vocab in ((src_dir / SOURCE_VOCAB, src_vocab), (tgt_path, tgt_vocab)):
-        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-            raise UserError(f"{path}: expected a JSON object mapping each piece to an integer id")
-    _check_pieces(src_dir / SOURCE_SPM, src_vocab, src_dir / SOURCE_VOCAB)
+    src_vocab, tgt_vocab, tgt_path = _vocabularies(src_dir, shared)
     tokens = language_tokens(src_vocab)
     tgt_lang = _target_language(tgt_lang, tokens, src_dir / SOURCE_VOCAB)
-    _check_pieces(src_dir / TARGET_SPM, tgt_vocab, tgt_path)
     Vs, Vt = cfg["vocab_size"], cfg["decoder_vocab_size"]
     pad, eos = cfg["pad_token_id"], cfg["eos_token_id"]
     src_order = _vocab_order(src_vocab, Vs, pad, eos, unk_piece, src_dir / SOURCE_VOCAB)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from interop_helpers import argos_env
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
@@ -216,19 +217,6 @@ print(json.dumps(out))
 """
 
 
-def _argos_env(tmp_path: Path) -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ARGOS_", "XDG_"))}
-    home = tmp_path / "home"
-    env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"),
-               XDG_CACHE_HOME=str(home / "cache"), ARGOS_PACKAGES_DIR=str(tmp_path / "argos-packages"),
-               ARGOS_CHUNK_TYPE="SPACY", ARGOS_DEVICE_TYPE="cpu", ARGOS_INTRA_THREADS="1",
-               # its default, auto, lets CTranslate2 compute in int8 on a CPU that has it; ours is float32
-               ARGOS_COMPUTE_TYPE="float32")
-    return env
-
-
 def test_argos_package_installs_and_translates_offline_as_ours(run_dir, tmp_path):
     """The real argostranslate installs the exported .argosmodel with install_from_path and
     translates with it, offline, as our own search does: greedy (ARGOS_BEAM_SIZE 1) and beam 4
@@ -256,7 +244,7 @@ def test_argos_package_installs_and_translates_offline_as_ours(run_dir, tmp_path
     text = next(line for line in lines if len(greedy.translate_hypotheses([line])[0][0].tokens) < 150)
     ours = {"beam1": greedy.translate([text])[0], "beam4": beam.translate([text])[0]}
 
-    proc = subprocess.run([sys.executable, "-c", ARGOS_SCRIPT, str(out), "es", "en", text], env=_argos_env(tmp_path),
+    proc = subprocess.run([sys.executable, "-c", ARGOS_SCRIPT, str(out), "es", "en", text], env=argos_env(tmp_path),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -301,7 +289,7 @@ def test_readme_argos_snippet_fetches_nothing(run_dir, tmp_path):
     site.mkdir()
     (site / "sitecustomize.py").write_text(REFUSE_NETWORK, encoding="utf-8")
     log = tmp_path / "network.log"
-    env = {k: v for k, v in _argos_env(tmp_path).items() if k != "ARGOS_CHUNK_TYPE"}
+    env = {k: v for k, v in argos_env(tmp_path).items() if k != "ARGOS_CHUNK_TYPE"}
     env.update(dict(a.split("=", 1) for a in assignments), PYTHONPATH=str(site), NETWORK_LOG=str(log))
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     if "No module named 'argostranslate'" in proc.stderr:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from interop_helpers import marian_dir, marian_spm, shipped_lines
 from typer.testing import CliRunner
 
-from conftest import REPO, SHIPPED, tiny_model
+from conftest import REPO, tiny_model
 from helpers import held_lock, snapshot
 from seq2seq_cli.cli import app
 from seq2seq_cli.config import DecodeConfig
@@ -31,54 +32,10 @@ runner = CliRunner()
 LIMIT = 12  # output tokens before EOS is forced, in both toolkits
 
 
-def _lines() -> list[str]:
-    return [" ".join(line.split()[:8]) for lang in ("es", "en")
-            for line in (SHIPPED / f"valid.{lang}").read_text(encoding="utf-8").splitlines()[:300]]
-
-
 @pytest.fixture(scope="module")
 def spm_model(tmp_path_factory) -> Path:
     """A SentencePiece model in Marian's id layout (eos 0, unk 1, no bos/pad)."""
-    tmp = tmp_path_factory.mktemp("spm")
-    (tmp / "text.txt").write_text("\n".join(_lines()) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(tmp / "text.txt"), model_prefix=str(tmp / "sp"), vocab_size=120, minloglevel=2,
-        eos_id=0, unk_id=1, bos_id=-1, pad_id=-1,
-    )
-    return tmp / "sp.model"
-
-
-def marian_dir(root: Path, spm_model: Path, shared: bool, activation: str, languages: tuple[str, ...] = ()) -> Path:
-    """save_pretrained of a small random MarianMTModel and its MarianTokenizer; `languages`: the
-    targets of a multi-target model, whose tokens (>>es<< ...) come after eos and unk in the
-    vocabulary, as in OPUS-MT's."""
-    out = root / "-".join(["marian", str(shared), activation, *languages])
-    out.mkdir()
-    sp = spm.SentencePieceProcessor(model_file=str(spm_model))
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    pieces = pieces[:2] + [f">>{lang}<<" for lang in languages] + pieces[2:] + ["<pad>"]
-    vocab = {piece: i for i, piece in enumerate(pieces)}
-    V = len(vocab)
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(spm_model, out / name)
-    (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    config = transformers.MarianConfig(
-        vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-        max_position_embeddings=64, activation_function=activation, scale_embedding=True,
-        pad_token_id=V - 1, decoder_start_token_id=V - 1, eos_token_id=0, forced_eos_token_id=0,
-        share_encoder_decoder_embeddings=shared,
-    )
-    torch.manual_seed(0)
-    model = transformers.MarianMTModel(config).eval()
-    with torch.no_grad():  # weights large enough for outputs to depend on them; positions stay Marian's table
-        for name, p in model.named_parameters():  # (and with languages the LayerNorms the identity: random ones give
-            if "embed_positions" not in name and not (languages and "layer_norm" in name):  # every source one output)
-                p.normal_(0.0, 0.4)
-        model.final_logits_bias.normal_()
-    model.save_pretrained(out)
-    transformers.MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json")).save_pretrained(out)
-    return out
+    return marian_spm(tmp_path_factory.mktemp("spm"))
 
 
 @pytest.fixture(scope="module", params=[(True, "swish"), (False, "relu")], ids=["shared-swish", "separate-relu"])
@@ -99,7 +56,7 @@ def test_imported_model_gives_transformers_logits_and_outputs(imported):
     hf_tok = transformers.MarianTokenizer.from_pretrained(src)
     marian_vocab = json.loads((src / "vocab.json").read_text(encoding="utf-8"))
     to_hf = [marian_vocab[tgt_tok.id_to_piece(i)] for i in range(tgt_tok.get_piece_size())]
-    lines = _lines()[:50]
+    lines = shipped_lines()[:50]
     ours_ids = [s + [EOS] for s in src_tok.encode(lines)]
     enc = hf_tok(lines, return_tensors="pt", padding=True)
     for mine, theirs, mask in zip(ours_ids, enc.input_ids.tolist(), enc.attention_mask.tolist()):
@@ -143,14 +100,14 @@ def test_export_hf_loads_in_transformers_with_the_same_logits(tmp_path, override
     config = validate_config({"name": "t", "run_dir": str(run), "data": {"train": "x", "max_src_len": 60, "max_tgt_len": 60},
                               "tokenizer": {"vocab_size": 120}, "model": model.cfg.model_dump()}, "test")
     run.mkdir()
-    (tmp_path / "text.txt").write_text("\n".join(_lines()) + "\n", encoding="utf-8")
+    (tmp_path / "text.txt").write_text("\n".join(shipped_lines()) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(tmp_path / "text.txt"), model_prefix=str(run / "spm"), vocab_size=120,
                                    minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3)
     save_checkpoint(run / "checkpoints", 1, model, config, {"step": 1}, {}, best=True, keep_last=1)
     out = export_hf(run, tmp_path / "hf")
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
     tok = transformers.MarianTokenizer.from_pretrained(out)
-    lines = _lines()[:4]
+    lines = shipped_lines()[:4]
     enc = tok(lines, return_tensors="pt", padding=True)
     sp = spm.SentencePieceProcessor(model_file=str(run / "spm.model"))
     assert enc.input_ids[0].tolist()[: enc.attention_mask[0].sum()] == sp.encode(lines[0]) + [EOS]

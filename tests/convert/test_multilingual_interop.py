@@ -7,12 +7,13 @@ Argos package per pair, each decoding as our search does."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from test_hf_interop import marian_dir, spm_model  # noqa: F401 - spm_model is the fixture marian_dir needs
+from interop_helpers import argos_env, marian_dir, marian_spm
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
@@ -38,11 +39,11 @@ def _error_line(result) -> str:
 
 
 @pytest.fixture(scope="module")
-def multi_target(tmp_path_factory, spm_model):  # noqa: F811 - the fixture imported above
+def multi_target(tmp_path_factory):
     """An OPUS-MT-style multi-target Marian directory (targets es and fra), its import as a run
     with source language en, and transformers' model and tokenizer of it."""
     root = tmp_path_factory.mktemp("multi")
-    src = marian_dir(root, spm_model, True, "swish", ("es", "fra"))
+    src = marian_dir(root, marian_spm(root), True, "swish", ("es", "fra"))
     run = import_marian(src, root / "run", src_lang="en")
     hf = transformers.MarianMTModel.from_pretrained(src).eval()
     return src, run, hf, transformers.MarianTokenizer.from_pretrained(src)
@@ -303,8 +304,6 @@ def test_multilingual_argos_export_writes_a_package_per_pair_that_argos_translat
     import zipfile
 
     pytest.importorskip("ctranslate2")
-    from test_export import _argos_env
-
     out = tmp_path / "packages"
     result = runner.invoke(app, ["export", str(out), "--model", str(one_to_many), "--format", "argos"])
     assert result.exit_code == 0, result.output
@@ -336,7 +335,7 @@ def test_multilingual_argos_export_writes_a_package_per_pair_that_argos_translat
     ours = {key: tr.translate([text])[0] for key, tr in searches.items()}
     texts = dict.fromkeys(TARGETS, text)
     request = {"packages": [str(out / f"en_{tgt}.argosmodel") for tgt in TARGETS], "texts": texts}
-    proc = subprocess.run([sys.executable, "-c", ARGOS_PAIRS_SCRIPT, json.dumps(request)], env=_argos_env(tmp_path),
+    proc = subprocess.run([sys.executable, "-c", ARGOS_PAIRS_SCRIPT, json.dumps(request)], env=argos_env(tmp_path),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -397,3 +396,95 @@ def test_many_to_one_argos_export_is_the_same_model_under_each_source(tmp_path):
         assert (meta["from_code"], meta["to_code"]) == (src, "en")
     assert models["es"] == models["ny"]
     assert (models["es"][1]["bos_token"], models["es"][1]["add_source_bos"]) == ("<s>", False)
+
+
+# LibreTranslate's server, in the interpreter that SEQ2SEQ_LIBRETRANSLATE_PYTHON names (LibreTranslate
+# pins its own versions of argostranslate's fork, numpy and Flask, so it has an environment of its
+# own: `python -m venv lt && lt/bin/pip install libretranslate spacy`): the packages installed
+# offline, every outgoing connection refused and recorded in $NETWORK_LOG, then LibreTranslate's
+# main() on the port given.
+LIBRETRANSLATE_SERVER = r"""
+import os, socket, sys
+def refuse(*args, **kwargs):
+    with open(os.environ["NETWORK_LOG"], "a") as log:
+        log.write(repr(args[1:2]) + "\n")
+    raise OSError("network use refused by the test")
+socket.socket.connect = refuse
+import argostranslate.networking
+argostranslate.networking.cache_spacy = lambda: None
+import argostranslate.package
+port, *packages = sys.argv[1:]
+for path in packages:
+    argostranslate.package.install_from_path(path)
+from libretranslate.main import main
+sys.argv = ["libretranslate", "--host", "127.0.0.1", "--port", port, "--disable-web-ui", "--threads", "1"]
+main()
+"""
+# LibreTranslate's own formatting of a translation (its first letter and final punctuation after
+# the source's), applied to ours: what its /translate answers for our output.
+LIBRETRANSLATE_FORMAT = r"""
+import json, sys
+from libretranslate.language import improve_translation_formatting
+print(json.dumps([improve_translation_formatting(q, text) for q, text in json.load(sys.stdin)]))
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("SEQ2SEQ_LIBRETRANSLATE_PYTHON"),
+                    reason="set SEQ2SEQ_LIBRETRANSLATE_PYTHON to a Python with libretranslate and spacy installed")
+def test_multilingual_argos_packages_answer_libretranslate(one_to_many, tmp_path):
+    """LibreTranslate serves the packages of a one-to-many run: /languages offers en -> es and
+    en -> ny, and /translate into each target answers our beam-4 translation with the token in
+    front (as LibreTranslate formats it), offline. Runs where SEQ2SEQ_LIBRETRANSLATE_PYTHON names
+    a Python with libretranslate and spacy installed."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    pytest.importorskip("ctranslate2")
+    python = os.environ["SEQ2SEQ_LIBRETRANSLATE_PYTHON"]
+    out = tmp_path / "packages"
+    result = runner.invoke(app, ["export", str(out), "--model", str(one_to_many), "--format", "argos"])
+    assert result.exit_code == 0, result.output
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "network.log"
+    env = {**argos_env(tmp_path), "NETWORK_LOG": str(log)}
+    server = subprocess.Popen([python, "-c", LIBRETRANSLATE_SERVER, str(port), *map(str, sorted(out.iterdir()))],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def call(path: str, body: dict | None = None) -> object:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return json.loads(answer.read())
+
+    try:
+        for _ in range(600):
+            try:
+                languages = call("/languages")
+                break
+            except OSError:
+                assert server.poll() is None, server.communicate()[0][-3000:]
+                time.sleep(0.2)
+        english = next(lang for lang in languages if lang["code"] == "en")
+        assert set(TARGETS) <= set(english["targets"]), languages
+        lines = [line for line in _sources(40) if sum(line.count(c) for c in ".!?") == 1 and line.endswith(".")][:8]
+        asked, got, ours = [], [], {}
+        for tgt in TARGETS:
+            beam = _translator(one_to_many, tgt, 4, 0.2, limit=200)
+            for line in lines:
+                if len(beam.translate_hypotheses([line])[0][0].tokens) < 200:  # ended before the length limit
+                    ours[tgt, line] = beam.translate([line])[0]
+                    asked.append([line, ours[tgt, line]])
+                    got.append(call("/translate", {"q": line, "source": "en", "target": tgt})["translatedText"])
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    formatted = subprocess.run([python, "-c", LIBRETRANSLATE_FORMAT], input=json.dumps(asked), capture_output=True,
+                               text=True, check=True, env=env).stdout
+    assert len(got) >= len(lines) and got == json.loads(formatted)
+    assert any(ours["es", line] != ours["ny", line] for line in lines if ("es", line) in ours and ("ny", line) in ours)
+    assert not log.exists(), log.read_text()
