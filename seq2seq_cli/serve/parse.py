@@ -224,13 +224,13 @@ def check_pair(state: AppState, source: Any, target: Any) -> None:
     for name, value in (("source", source), ("target", target)):
         if not isinstance(value, str):
             raise RequestError(400, f"Invalid request: {name} must be a string (got {json_kind(value)})")
-    sources, languages = state.routes.sources(), state.routes.languages
+    sources, targets = state.routes.sources(), state.routes.reached()
     if source != "auto" and source not in sources:
         raise RequestError(400, f"{clip(str(source))} is not supported as a source language; this server translates "
                                 f"from {', '.join(sources)}")
-    if target not in languages or not any(target in state.routes.targets(s) for s in sources):
+    if target not in targets:
         raise RequestError(400, f"{clip(str(target))} is not supported as a target language; this server translates "
-                                f"into {', '.join(t for t in languages if any(t in state.routes.targets(s) for s in sources))}")
+                                f"into {', '.join(targets)}")
     if source != "auto":
         route_of(state, source, target)
 

@@ -54,6 +54,8 @@ class Routes:
                 else:
                     self.direct[pair] = run
         self.languages = list(dict.fromkeys(lang for pair in self.direct for lang in pair))
+        self._targets = {src: [tgt for tgt in self.languages if tgt != src and self.find(src, tgt) is not None]
+                         for src in self.languages}
         for (src, tgt), left, kept in self.shadowed:
             log.warning("%s -> %s: served by %s, named first; %s offers it too and is not asked for it",
                         src, tgt, kept.name, left.name)
@@ -73,7 +75,12 @@ class Routes:
 
     def targets(self, src: str) -> list[str]:
         """The languages `src` is translated into, direct or through a pivot, in the runs' order."""
-        return [tgt for tgt in self.languages if tgt != src and self.find(src, tgt) is not None]
+        return self._targets.get(src, [])
 
     def sources(self) -> list[str]:
-        return [lang for lang in self.languages if self.targets(lang)]
+        """The languages translated into some other."""
+        return [lang for lang in self.languages if self._targets[lang]]
+
+    def reached(self) -> list[str]:
+        """The languages some other is translated into."""
+        return [lang for lang in self.languages if any(lang in targets for targets in self._targets.values())]
