@@ -359,7 +359,7 @@ def average(
 @app.command()
 @user_errors
 def export(
-    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into (for argos, the .argosmodel file).")],
+    output: Annotated[Path, typer.Argument(help="Directory to write the exported model into (for argos, the .argosmodel file; a run of several language pairs: a directory, one package per pair).")],
     model: ModelOpt,
     format: Annotated[ExportFormat, typer.Option("--format", help="Target format: ctranslate2, hf (a MarianMTModel directory) or argos (an Argos Translate .argosmodel package).")] = ExportFormat.ctranslate2,
     quantization: Annotated[str | None, typer.Option("--quantization", help="CTranslate2 weight type, e.g. int8, float16; default float32.")] = None,

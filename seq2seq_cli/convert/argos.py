@@ -164,7 +164,11 @@ def export_argos(model_path: str | Path, out: Path, quantization: str | None = N
     check_quantization(quantization)
     out = Path(out)
     run_dir, ckpt = resolve_checkpoint(model_path)
-    pairs = run_config(model_path).data.pairs
+    config = run_config(model_path)
+    if config.tokenizer.vocabulary != "sentencepiece":
+        raise UserError(f"{run_dir}: cannot be exported for Argos: it tokenizes with SentencePiece models alone, "
+                        f"and this run uses tokenizer.vocabulary: {config.tokenizer.vocabulary}")
+    pairs = config.data.pairs
     if len(pairs) == 1:
         check_output_file(out, force, run_dir, ckpt)
     else:
@@ -173,10 +177,6 @@ def export_argos(model_path: str | Path, out: Path, quantization: str | None = N
                             "each: give a directory to write them into")
         check_output_dir(out, force, [ckpt, run_dir], "exported")
     run = load_run(model_path, "cpu")
-    tok = run.config.tokenizer
-    if tok.vocabulary != "sentencepiece":
-        raise UserError(f"{run_dir}: cannot be exported for Argos: it tokenizes with SentencePiece models alone, "
-                        f"and this run uses tokenizer.vocabulary: {tok.vocabulary}")
     sp_model = run.src_sp.serialized_model_proto()
     if sp_model != run.tgt_sp.serialized_model_proto():
         raise UserError(f"{run_dir}: cannot be exported for Argos: a package holds one SentencePiece model for both "

@@ -367,15 +367,14 @@ def test_argos_export_needs_one_sentencepiece_model(run_dir, tmp_path, monkeypat
 
     import seq2seq_cli.convert.argos as argos
 
-    real = argos.load_run
+    real, real_config = argos.load_run, argos.run_config
     out = tmp_path / "x.argosmodel"
 
-    def with_vocabulary_file(path, device):
-        run = real(path, device)
-        tok = run.config.tokenizer.model_copy(update={"vocabulary": "file"})
-        return dataclasses.replace(run, config=run.config.model_copy(update={"tokenizer": tok}))
+    def with_vocabulary_file(path):
+        config = real_config(path)
+        return config.model_copy(update={"tokenizer": config.tokenizer.model_copy(update={"vocabulary": "file"})})
 
-    monkeypatch.setattr(argos, "load_run", with_vocabulary_file)
+    monkeypatch.setattr(argos, "run_config", with_vocabulary_file)
     assert _argos_error(["--model", str(run_dir), str(out)]) == (
         f"error: {run_dir}: cannot be exported for Argos: it tokenizes with SentencePiece models alone, "
         "and this run uses tokenizer.vocabulary: file")
@@ -384,6 +383,7 @@ def test_argos_export_needs_one_sentencepiece_model(run_dir, tmp_path, monkeypat
         def serialized_model_proto(self) -> bytes:
             return b"another SentencePiece model"
 
+    monkeypatch.setattr(argos, "run_config", real_config)
     monkeypatch.setattr(argos, "load_run", lambda path, device: dataclasses.replace(real(path, device), tgt_sp=OtherModel()))
     assert _argos_error(["--model", str(run_dir), str(out)]) == (
         f"error: {run_dir}: cannot be exported for Argos: a package holds one SentencePiece model for both "

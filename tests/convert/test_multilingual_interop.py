@@ -118,6 +118,9 @@ def test_multi_target_import_needs_the_target(multi_target, tmp_path):
     (tmp_path / "in.txt").write_text("hola\n", encoding="utf-8")
     line = _error_line(runner.invoke(app, ["translate", "-m", str(run), "-i", str(tmp_path / "in.txt"), "--no-progress"]))
     assert line == f"error: {run} translates into es, fra (en -> es, en -> fra): give the target language with --tgt-lang"
+    line = _error_line(runner.invoke(app, ["export", str(tmp_path / "x.argosmodel"), "-m", str(run), "--format", "argos"]))
+    assert line == (f"error: {run}: cannot be exported for Argos: it tokenizes with SentencePiece models alone, "
+                    "and this run uses tokenizer.vocabulary: file")  # said first: a directory would not help
     line = _error_line(runner.invoke(app, ["import", str(src), str(tmp_path / "run"), "--tgt-lang", "de"]))
     assert line == (f"error: --tgt-lang de: {src / 'vocab.json'} names the targets es, fra by their tokens "
                     "(>>es<< >>fra<<); give one of them, or leave out --tgt-lang")
