@@ -226,10 +226,10 @@ def check_pair(state: AppState, source: Any, target: Any) -> None:
             raise RequestError(400, f"Invalid request: {name} must be a string (got {json_kind(value)})")
     sources, targets = state.routes.sources(), state.routes.reached()
     if source != "auto" and source not in sources:
-        raise RequestError(400, f"{clip(str(source))} is not supported as a source language; this server translates "
+        raise RequestError(400, f"{clip(str(source))} is not supported as the source language; this server translates "
                                 f"from {', '.join(sources)}")
     if target not in targets:
-        raise RequestError(400, f"{clip(str(target))} is not supported as a target language; this server translates "
+        raise RequestError(400, f"{clip(str(target))} is not supported as the target language; this server translates "
                                 f"into {', '.join(targets)}")
     if source != "auto":
         route_of(state, source, target)

@@ -164,9 +164,9 @@ def test_the_same_pair_in_two_runs_goes_to_the_first_named_and_is_logged(runs, c
 
 @pytest.mark.parametrize("body, message", [
     ({"q": "Moni", "source": "ny", "target": "es"},
-     "ny is not supported as a source language; this server translates from es, en"),
+     "ny is not supported as the source language; this server translates from es, en"),
     ({"q": "Hola", "source": "es", "target": "fr"},
-     "fr is not supported as a target language; this server translates into es, en, ny"),
+     "fr is not supported as the target language; this server translates into es, en, ny"),
     ({"q": "Hola", "source": "es", "target": "es"}, "Spanish (es) is not available as a target language from Spanish (es)"),
 ])
 def test_a_pair_no_path_reaches_is_a_400(client, body, message):
