@@ -157,21 +157,14 @@ def info(
         cfg = _load(config, set_)
         net, report, data = model_from_config(cfg), None, cfg.data
     typer.echo(info_report(net, src_len, tgt_len))
+    from seq2seq_cli.languages import pairs_line
+
     typer.echo(pairs_line(data))
     if report is not None:
         from seq2seq_cli.data.report import report_table
 
         typer.echo("")
         typer.echo(report_table(report))
-
-
-def pairs_line(data: Any) -> str:
-    """The run's language pairs in one line, with the tokens that name its targets."""
-    from seq2seq_cli.languages import pair_text
-
-    tokens = [f"{t} {tok}" for t in data.targets if (tok := data.target_token(t))]
-    named = f"; the target named by the source token: {', '.join(tokens)}" if tokens else ""
-    return f"language pairs: {pair_text(data.pairs)}{named}"
 
 
 @app.command()
