@@ -115,12 +115,14 @@ async def with_alternatives(state: AppState, route: Route, lines: list[list[str]
 
 def auto_source(state: AppState, text: str, target: str) -> dict[str, Any]:
     """LibreTranslate's detectedLanguage of a text with `source: auto`: the likeliest served
-    language with a route to `target`, with the detector's confidence in it."""
-    ranked = state.detector.rank(text)
-    for found in ranked:
-        if found["language"] != target and state.routes.find(found["language"], target) is not None:
-            return found
-    raise RequestError(400, f"no language this server translates into {target} was detected")
+    language other than `target`, with the detector's confidence in it; a 400 where no route
+    leads from it to `target`."""
+    found = next(d for d in state.detector.rank(text) + [{"language": "", "confidence": 0.0}] if d["language"] != target)
+    lang = found["language"]
+    if not lang or state.routes.find(lang, target) is None:
+        what = f"in {language_name(lang)} ({lang}), which" if lang else "in no language that"
+        raise RequestError(400, f"the text is {what} this server does not translate into {language_name(target)} ({target})")
+    return found
 
 
 @router.get("/languages")

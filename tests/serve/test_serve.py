@@ -583,7 +583,7 @@ def test_every_case_is_documented():
     text = (REPO / "docs" / "errors.md").read_text(encoding="utf-8")
     section = text.split("## Serving", 1)[1].split("\n## ", 1)[0]
     assert set(re.findall(r"^\| (serve-[a-z0-9-]+) \|", section, re.MULTILINE)) == set(BAD) | set(START) | {
-        "serve-queue-full", "serve-timeout", "serve-internal", "serve-no-route"}
+        "serve-queue-full", "serve-timeout", "serve-internal", "serve-no-route", "serve-auto-no-route"}
 
 
 # ---------------------------------------------------------------------------- in process

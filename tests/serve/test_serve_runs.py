@@ -214,6 +214,9 @@ def test_detection_names_each_served_language_including_chichewa(runs, client):
     pivot = client.post("/translate", json={"q": SPANISH[3], "source": "es", "target": "ny"}).json()["translatedText"]
     direct = client.post("/translate", json={"q": ENGLISH[3], "source": "en", "target": "ny"}).json()["translatedText"]
     assert body["translatedText"] == [pivot, direct]
+    r = client.post("/translate", json={"q": CHICHEWA[3], "source": "auto", "target": "es"})  # no run from ny
+    assert (r.status_code, r.json()) == (400, {"error": "the text is in Chichewa (ny), which this server does not "
+                                                        "translate into Spanish (es)"})
 
 
 def test_a_run_without_profiles_has_them_fitted_from_its_data(runs, tmp_path):
