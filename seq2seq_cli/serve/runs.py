@@ -20,7 +20,7 @@ from seq2seq_cli.config import DecodeConfig
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.languages import pair_text
-from seq2seq_cli.layout import CONFIG
+from seq2seq_cli.layout import CHECKPOINTS, CONFIG
 
 log = logging.getLogger("seq2seq.serve")
 Pair = tuple[str, str]
@@ -60,7 +60,7 @@ def run_paths(models: Sequence[Path]) -> list[Path]:
     (each subfolder with a config.yaml, in name order)."""
     found: list[Path] = []
     for model in models:
-        if model.is_dir() and not (model / CONFIG).is_file() and not model.name == "checkpoints":
+        if model.is_dir() and not (model / CONFIG).is_file() and not model.name == CHECKPOINTS:
             runs = sorted(p for p in model.iterdir() if p.is_dir() and (p / CONFIG).is_file())
             if not runs:
                 raise UserError(f"{model}: neither a run (no {CONFIG}) nor a folder holding runs (no subfolder has one)")

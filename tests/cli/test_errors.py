@@ -361,7 +361,7 @@ CASES: dict[str, tuple[Callable[[Path], list], list[str], int]] = {
     "data-corpus-unknown-key": (
         lambda ws: ["train", "-c", corpora_config(ws, "corpuskey", {"wieght": 2})],
         ["corpuskey.yaml:", "unknown key 'data.train[1].wieght'; valid keys here: path, hub, config, split, revision, src_column, "
-         "tgt_column, weight, tag, scores, drop_lowest"], 1),
+         "tgt_column, src_lang, tgt_lang, weight, tag, scores, drop_lowest"], 1),
     "data-corpus-weight": (
         lambda ws: ["train", "-c", corpora_config(ws, "corpusweight", {"weight": 0})],
         ["corpusweight.yaml:", "data.train[1].weight: Input should be greater than 0 (got 0)"], 1),

@@ -4,6 +4,7 @@ rounding), and leaves to our search what CTranslate2 would do differently: outpu
 their limit, forced prefixes, sampling, the gnmt penalty. The converted model is written into
 the run (RUN/ctranslate2/NAME-SHA/) and nowhere else (tests/decode/test_defaults.py: once, atomically)."""
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -211,4 +212,10 @@ def test_engine_errors_are_one_line(run_dir, case, monkeypatch):
     r = CliRunner().invoke(app, ["translate", *models, "-i", "-", *ENGINE_CASES[case]], input="Hola.\n")
     assert r.exit_code == (2 if case == "engine-unknown" else 1)  # a bad choice is a bad flag
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
-    assert r.output.strip() == documented_errors("Engines")[case]
+    documented = documented_errors("Engines")[case]
+    if case == "engine-compute-type":  # the types CTranslate2 lists are this CPU's (int16 where it has it)
+        types = re.compile(r"computes in [a-z0-9_]+(?:, [a-z0-9_]+)*, not")
+        assert types.search(r.output)
+        assert types.sub("computes in ..., not", r.output.strip()) == types.sub("computes in ..., not", documented)
+    else:
+        assert r.output.strip() == documented

@@ -80,7 +80,7 @@ def interrupted_then_resumed(cfg: Path, monkeypatch, messages: list[str]) -> Pat
 # checkpoint of a validation is written, while `best` is pointed at a new best
 POINTS = {
     "update": (loss_module, "label_smoothed_nll", 10, signal.SIGINT, lambda *a, **k: True),
-    "validation": (validation, "validate", 2, signal.SIGTERM, lambda *a, **k: True),
+    "validation": (validation, "validation_sums", 2, signal.SIGTERM, lambda *a, **k: True),
     "checkpoint": (ckpt, "save_weights", 1, signal.SIGTERM, lambda *a, **k: True),
     "best": (ckpt, "_link_set", 1, signal.SIGINT, lambda ckpt_dir, src, dst, roles: dst == "best" and src != "step-00000007"),
 }
@@ -107,7 +107,7 @@ def test_the_handlers_are_restored_after_training(tmp_path):
 
 def test_ctrl_c_exits_130_with_one_line(tmp_path, monkeypatch):
     cfg = make_config(tmp_path, "run", **SETTINGS)
-    signal_on_call(monkeypatch, validation, "validate", 1, signal.SIGINT)
+    signal_on_call(monkeypatch, validation, "validation_sums", 1, signal.SIGINT)
     r = runner.invoke(app, ["train", "-c", str(cfg), "--no-progress"])
     assert r.exit_code == 130
     run = tmp_path / "run"

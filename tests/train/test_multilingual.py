@@ -14,7 +14,7 @@ import sentencepiece as spm
 import yaml
 from typer.testing import CliRunner
 
-from helpers import REPO, SHIPPED, make_config, one_error_line, quiet, weights
+from helpers import REPO, SHIPPED, documented_errors, make_config, one_error_line, quiet, weights
 from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
 from seq2seq_cli.data.corpora import Part, pair_factors
@@ -301,3 +301,19 @@ def test_duplicates_off_unquoted_is_off(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("name: x\ndata:\n  train: a\n  filters:\n    duplicates: off\n", encoding="utf-8")
     assert load_config(path).data.filters.duplicates == "off"
+
+
+def test_the_language_pair_refusals_are_documented_as_they_read():
+    """docs/errors.md, "Language pairs": every row is a case of this module, and the messages
+    `choose_pair` writes read as documented, word for word."""
+    documented = documented_errors("Language pairs")
+    assert set(documented) == {"pair-no-target", "pair-unknown-target", "pair-unknown-source", "pair-without-model",
+                               "pair-score-reverse", "pair-language-boolean", "pair-valid-not-learned"}
+    o2m, m2o = [("en", "es"), ("en", "ny")], [("es", "en"), ("ny", "en")]
+    for case, (pairs, src, tgt, where) in {"pair-no-target": (o2m, None, None, "runs/en-xx"),
+                                           "pair-unknown-target": (o2m, None, "fr", "runs/en-xx"),
+                                           "pair-unknown-source": (m2o, "de", None, "runs/multilingual")}.items():
+        with pytest.raises(UserError) as caught:
+            choose_pair(pairs, src, tgt, where)
+        assert f"error: {caught.value}" == documented[case]
+    assert documented["pair-score-reverse"] == documented["pair-no-target"].replace("error: ", "error: --model: ")
