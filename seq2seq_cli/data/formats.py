@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seq2seq_cli.config import SplitConfig
+from seq2seq_cli.data.arrow_cache import cached_dataset
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import BOM, check_utf8, file_key, lone_surrogate, open_bytes, remove_dead_temps
@@ -199,35 +200,23 @@ def _load_lines(path: Path, cache_dir: Path | None):
     """One row per line (`text` column), in file order: row i is line i + 1. Kept as Arrow in
     `cache_dir`/lines, one copy per version of the file (`file_key`: a file rewritten under its
     old modification time is read again), or held in memory without a cache directory."""
-    datasets = quiet_datasets()
+    quiet_datasets()
     empty = UserError(f"{path}: empty file (expected one sentence per line)")
     if cache_dir is None:
-        table = pa.Table.from_batches(list(_line_batches(path)), schema=LINES)
-        if not len(table):
-            raise empty
-        return datasets.Dataset(table)
+        return cached_dataset(None, LINES, lambda: _line_batches(path), empty)
     name = f"{path.name}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}-"
     key = hashlib.sha256(json.dumps([LINES_VERSION, *file_key(path)]).encode()).hexdigest()[:16]
     target = cache_dir / "lines" / f"{name}{key}.arrow"
-    if not target.is_file():
+    fresh = not target.is_file()
+    if fresh:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_temps(target.parent, f".{name}")
-        tmp = target.with_name(f".{name}{os.getpid()}.{key}.tmp")
-        try:
-            count = 0
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, LINES) as writer:
-                for batch in _line_batches(path):
-                    writer.write_batch(batch)
-                    count += len(batch)
-            if not count:
-                raise empty
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        for old in target.parent.iterdir():  # the copies of the file's earlier versions
-            if old.name.startswith(name) and old.name.endswith(".arrow") and old != target:
-                old.unlink(missing_ok=True)
-    return datasets.Dataset.from_file(str(target))
+    dataset = cached_dataset(target, LINES, lambda: _line_batches(path), empty,
+                             target.with_name(f".{name}{os.getpid()}.{key}.tmp"))
+    for old in target.parent.iterdir() if fresh else ():  # the copies of the file's earlier versions
+        if old.name.startswith(name) and old.name.endswith(".arrow") and old != target:
+            old.unlink(missing_ok=True)
+    return dataset
 
 
 def _parse_tsv(batch: dict[str, list[str]]) -> dict[str, list[str]]:

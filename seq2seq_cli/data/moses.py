@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 
+from seq2seq_cli.data.arrow_cache import cached_dataset
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import BOM, file_key
 
@@ -88,28 +88,9 @@ def read_moses(path: Path, src_lang: str, tgt_lang: str, cache_dir: Path | None)
     """The pairs of a Moses zip as a `datasets.Dataset` (columns src, tgt), streamed to an
     Arrow file in `cache_dir`/moses (reused while the zip and languages are unchanged), or
     held in memory without a cache directory."""
-    import datasets
-
     empty = UserError(f"{path}: its members hold no lines (expected X.{src_lang} and X.{tgt_lang}, one sentence a line)")
     if cache_dir is None:
-        table = pa.Table.from_batches(list(_batches(path, src_lang, tgt_lang)), schema=SCHEMA)
-        if not len(table):
-            raise empty
-        return datasets.Dataset(table)
+        return cached_dataset(None, SCHEMA, lambda: _batches(path, src_lang, tgt_lang), empty)
     key = json.dumps([CACHE_VERSION, *file_key(path), src_lang, tgt_lang])
     target = cache_dir / "moses" / f"{path.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            count = 0
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
-                for batch in _batches(path, src_lang, tgt_lang):
-                    writer.write_batch(batch)
-                    count += len(batch)
-            if not count:
-                raise empty
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return datasets.Dataset.from_file(str(target))
+    return cached_dataset(target, SCHEMA, lambda: _batches(path, src_lang, tgt_lang), empty)
