@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve_race import LT_SERVER, free_port, libretranslate_env, peak_rss_mib, start, translate_one
+from serve_race import LT_SERVER, free_port, libretranslate_env, peak_rss_mib, run_clients, start, translate_one
 
 TEST = {"es": Path("data/bible-es-en/test.es"), "en": Path("data/bible-es-en/test.en"), "ny": Path("data/bible-ny-en/test.ny")}
 Pair = tuple[str, str]
@@ -68,13 +68,7 @@ def closed_loop(port: int, texts: dict[str, list[str]], pairs: list[Pair], clien
                     latencies[pair].append(time.perf_counter() - t0)
         conn.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(client, clients)
     every = [x for xs in latencies.values() for x in xs]
     q = statistics.quantiles(every, n=100) if len(every) > 1 else (every or [float("nan")]) * 99
     return {"sent_per_s": len(every) / wall, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94], "lost": lost[0],

@@ -179,6 +179,18 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def run_clients(client, clients: int) -> float:
+    """Run `client(k)` for k < `clients`, each on a thread of its own, all at once -> the seconds
+    until the last one ends."""
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def closed_loop(port: int, sentences: list[str], clients: int, seconds: float, pair: tuple[str, str]) -> dict:
     """`clients` threads, each sending one sentence at a time for `seconds` -> figures and answers."""
     latencies: list[float] = []
@@ -213,13 +225,7 @@ def closed_loop(port: int, sentences: list[str], clients: int, seconds: float, p
                 answers.setdefault(sentence, set()).add(json.loads(data)["translatedText"])
         conn.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(client, clients)
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else (latencies or [float("nan")]) * 99
     return {"sentences": len(latencies), "sent_per_s": len(latencies) / wall, "p50_ms": 1000 * q[49], "p95_ms": 1000 * q[94],
             "p99_ms": 1000 * q[98], "lost": lost[0], "mixed": sum(len(v) > 1 for v in answers.values()),

@@ -100,6 +100,15 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, **settings) 
     assert not changed, f"a test wrote into the shared run {run} (copy it first): {changed}"
 
 
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    """Gives torch its threads back after a test: the CTranslate2 engine leaves torch one thread
+    for the process (used by the modules that decode with it, `pytestmark`)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """configs/tiny.yaml trained for 40 updates on the shipped validation split: outputs of a few

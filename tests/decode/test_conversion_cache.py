@@ -17,7 +17,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from helpers import REPO, SHIPPED, train_shipped_tiny
@@ -32,12 +31,7 @@ from seq2seq_cli.convert.ctranslate2_cache import MANIFEST, MODEL_FILE, problem 
 LINES = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:8]
 
 
-@pytest.fixture(autouse=True)
-def torch_threads():
-    """The CTranslate2 engine leaves torch one thread; the tests after these get theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_threads")  # torch gets its threads back after each test
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,7 @@ from seq2seq_cli.layout import RunLayout
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'seq2seq[ctranslate2]')")
 from seq2seq_cli.decode.ctranslate2_engine import with_ctranslate2  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def torch_threads():
-    """`--engine ctranslate2` leaves torch one thread for the process; the tests after these get theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_threads")  # torch gets its threads back after each test
 
 
 @pytest.fixture(scope="module")

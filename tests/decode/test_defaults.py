@@ -37,12 +37,7 @@ SMALL = {"d_model": 64, "heads": 4, "ffn_size": 128, "encoder_layers": 2, "decod
 LINES = (SHIPPED / "test.es").read_text(encoding="utf-8").splitlines()[:12]
 
 
-@pytest.fixture(autouse=True)
-def torch_threads():
-    """The CTranslate2 engine leaves torch one thread; the tests after these get theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("torch_threads")  # torch gets its threads back after each test
 
 
 @pytest.fixture(scope="module")
