@@ -13,6 +13,28 @@ import torch
 
 from conftest import SHIPPED
 
+# The start of a script argostranslate runs in, in a fresh interpreter: every network connection is
+# refused and recorded in `attempts` (to show that a package installs and translates offline),
+# spaCy's sentence model is not fetched, and a missing argostranslate prints {"skip": why}.
+ARGOS_OFFLINE = r"""
+import json, socket, sys
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args[1:2]))
+    raise OSError("network use refused by the test")
+socket.socket.connect = refuse
+socket.getaddrinfo = refuse
+try:
+    import argostranslate.networking
+    argostranslate.networking.cache_spacy = lambda: None
+    import argostranslate.package
+    import argostranslate.settings
+    import argostranslate.translate
+except ImportError as exc:
+    print(json.dumps({"skip": f"argostranslate cannot be imported ({type(exc).__name__}: {exc})"}))
+    sys.exit(0)
+"""
+
 
 def shipped_lines() -> list[str]:
     """600 short lines (8 words at most) of the shipped validation split, Spanish then English."""

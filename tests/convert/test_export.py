@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from interop_helpers import argos_env
+from interop_helpers import ARGOS_OFFLINE, argos_env
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
@@ -186,23 +186,7 @@ def test_ctranslate2_export_keeps_the_embedding_scale(scale_embedding, tmp_path)
 # installs and translates offline. With ARGOS_CHUNK_TYPE=SPACY argostranslate fetches spaCy's
 # multilingual sentence model when imported, for packages that carry no sentence splitter of
 # their own; ours carries one (spacy/), so that fetch is replaced by "none cached".
-ARGOS_SCRIPT = r"""
-import json, socket, sys
-attempts = []
-def refuse(*args, **kwargs):
-    attempts.append(repr(args[1:2]))
-    raise OSError("network use refused by the test")
-socket.socket.connect = refuse
-socket.getaddrinfo = refuse
-try:
-    import argostranslate.networking
-    argostranslate.networking.cache_spacy = lambda: None
-    import argostranslate.package
-    import argostranslate.settings
-    import argostranslate.translate
-except ImportError as exc:
-    print(json.dumps({"skip": f"argostranslate cannot be imported ({type(exc).__name__}: {exc})"}))
-    sys.exit(0)
+ARGOS_SCRIPT = ARGOS_OFFLINE + r"""
 path, from_code, to_code, text = sys.argv[1:5]
 argostranslate.package.install_from_path(path)
 packages = [(p.from_code, p.to_code, p.package_path.name) for p in argostranslate.package.get_installed_packages()]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from interop_helpers import argos_env, marian_dir, marian_spm
+from interop_helpers import ARGOS_OFFLINE, argos_env, marian_dir, marian_spm
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
@@ -265,23 +265,7 @@ def test_multilingual_hf_export_is_an_opus_mt_multi_target_model(one_to_many, tm
 
 # Runs in a fresh interpreter (see test_export.py's ARGOS_SCRIPT): installs the packages, then
 # translates one text into each target with Argos's greedy and beam-4 searches, offline.
-ARGOS_PAIRS_SCRIPT = r"""
-import json, socket, sys
-attempts = []
-def refuse(*args, **kwargs):
-    attempts.append(repr(args[1:2]))
-    raise OSError("network use refused by the test")
-socket.socket.connect = refuse
-socket.getaddrinfo = refuse
-try:
-    import argostranslate.networking
-    argostranslate.networking.cache_spacy = lambda: None
-    import argostranslate.package
-    import argostranslate.settings
-    import argostranslate.translate
-except ImportError as exc:
-    print(json.dumps({"skip": f"argostranslate cannot be imported ({type(exc).__name__}: {exc})"}))
-    sys.exit(0)
+ARGOS_PAIRS_SCRIPT = ARGOS_OFFLINE + r"""
 request = json.loads(sys.argv[1])
 for path in request["packages"]:
     argostranslate.package.install_from_path(path)
