@@ -529,7 +529,9 @@ def test_full_queue_gets_503_and_slow_request_504(run_dir, tmp_path):
         assert answers[0][0] == 504
         assert answers[0][2] == {"error": "translation took longer than the request timeout of 1 s"}
         s.wait_for_queue(0)  # the decoding it started goes on to its end, then the server takes requests again
-        assert s.post("/translate", {"q": "hola", "source": "es", "target": "en"})[0] == 200
+        # (a few tries: with a 1 s timeout, a stall of the loaded machine may give one 504)
+        statuses = [s.post("/translate", {"q": "hola", "source": "es", "target": "en"})[0] for _ in range(3)]
+        assert 200 in statuses and 503 not in statuses, statuses
     finally:
         s.stop()
 
