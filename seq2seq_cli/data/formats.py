@@ -34,7 +34,16 @@ from seq2seq_cli.config import SplitConfig
 from seq2seq_cli.data.arrow_cache import cached_dataset
 from seq2seq_cli.data.pages import release_dataset
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import BOM, check_utf8, file_key, lone_surrogate, open_bytes, remove_dead_temps
+from seq2seq_cli.fileio import (
+    BOM,
+    MAX_LINE_BYTES,
+    check_utf8,
+    file_key,
+    line_too_long,
+    lone_surrogate,
+    open_bytes,
+    remove_dead_temps,
+)
 from seq2seq_cli.layout import RunLayout
 
 READ_BATCH = 1000
@@ -158,7 +167,7 @@ def quiet_datasets():
 
 LINES = pa.schema([("text", pa.string())])
 LINES_VERSION = 1  # of the Arrow copies of text files in RUN/cache/lines
-CHUNK = 1 << 20  # bytes read at a time
+CHUNK = 1 << 20  # bytes read at a time (at most MAX_LINE_BYTES: a longer line is then never inside one chunk)
 
 
 def _lines(data: bytes, path: Path, first: bool) -> pa.RecordBatch:
@@ -178,17 +187,22 @@ def _lines(data: bytes, path: Path, first: bool) -> pa.RecordBatch:
 def _line_batches(path: Path) -> Iterator[pa.RecordBatch]:
     """The lines of a UTF-8 text file (gzip or xz too) in file order, a megabyte at a time;
     a byte-order mark at the start skipped."""
-    rest, first = b"", True
+    rest, first, before = b"", True, 0
     try:
         with open_bytes(path) as f:
             while chunk := f.read(CHUNK):
                 data = rest + chunk
                 end = data.rfind(b"\n")
+                # a line within one chunk is no longer than MAX_LINE_BYTES: only the one begun in `rest` may be
+                first_end = data.find(b"\n")
+                if first_end > MAX_LINE_BYTES or (first_end < 0 and len(data) > MAX_LINE_BYTES):
+                    raise line_too_long(str(path), before + 1)
                 if end < 0:
                     rest = data
                     continue
                 rest = data[end + 1 :]
                 yield _lines(data[:end], path, first)
+                before += data.count(b"\n", 0, end + 1)
                 first = False
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:  # e.g. a damaged .gz file
         raise UserError(f"{path}: could not be read ({exc})") from None
@@ -291,7 +305,7 @@ def read_parallel(
     if source.hub is not None:
         from seq2seq_cli.data.hub import read_hub
 
-        return read_hub(source.hub, src_lang, tgt_lang, num_proc)
+        return read_hub(source.hub, src_lang, tgt_lang, num_proc, cache_dir)
     if source.format == "text":
         src_file, tgt_file = source.files
         # each side's pages go once it is loaded, so the read's peak holds one side, not both

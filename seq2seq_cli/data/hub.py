@@ -5,8 +5,9 @@ files), its configuration, split and revision. Its pairs are the `translation` c
 ({"es": ..., "en": ...}, keyed by data.src_lang and data.tgt_lang) or two named columns.
 The tool reads offline (HF_DATASETS_OFFLINE=1 unless the environment says otherwise): a
 dataset in `datasets`' cache is read from there; one that is not is refused in one line
-saying how to fetch it. The revision read (the commit of the dataset on the Hub, or
-`datasets`' hash of a local folder's files) is what the run records.
+saying how to fetch it; a local folder that does not exist is called so. The revision read
+(the commit of the dataset on the Hub, or `datasets`' hash of a local folder's files) is what
+the run records. `datasets`' Arrow copy of a local folder is kept in the run's cache.
 """
 
 from __future__ import annotations
@@ -51,13 +52,29 @@ def _problem(spec: SplitConfig, exc: BaseException) -> UserError:
     return UserError(f"hub dataset {name}: could not be read ({text})")
 
 
-def _builder(spec: SplitConfig):
+def _path_like(name: str) -> bool:
+    """Whether a `hub:` value can only name a local folder: a name of the Hub is NAME or
+    OWNER/NAME (neither starting with a dot), never an absolute path, a path of three parts
+    or one under a folder that exists here."""
+    parts = name.rstrip("/").split("/")
+    return (name.startswith(("/", ".", "~")) or name.endswith("/") or "\\" in name or len(parts) > 2
+            or (len(parts) == 2 and os.path.isdir(parts[0])))
+
+
+def _builder(spec: SplitConfig, cache_dir: Path | None = None):
+    """`datasets`' builder of the dataset `spec` names; a local folder's is kept under
+    `cache_dir` (the run's cache) where one is given, else in `datasets`' cache."""
     import datasets
 
+    if spec.hub is not None and not os.path.isdir(spec.hub) and _path_like(spec.hub):
+        raise UserError(f"hub dataset {spec.describe()}: folder {spec.hub} does not exist (a local folder laid out as "
+                        "on the Hub was expected; a name of the Hub is NAME or OWNER/NAME); fix the path")
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    local = spec.hub is not None and os.path.isdir(spec.hub)
+    where = {"cache_dir": str(cache_dir / "hub")} if local and cache_dir is not None else {}
     try:
-        return datasets.load_dataset_builder(spec.hub, spec.config, revision=spec.revision)
+        return datasets.load_dataset_builder(spec.hub, spec.config, revision=spec.revision, **where)
     except Exception as exc:  # datasets raises its own types (and ValueError) for each way a name fails
         raise _problem(spec, exc) from None
 
@@ -113,11 +130,13 @@ def _pairs(batch: dict[str, list], indices: list[int], src: str, tgt: str, trans
     return {"src": out_src, "tgt": out_tgt}
 
 
-def read_hub(spec: SplitConfig, src_lang: str, tgt_lang: str, num_proc: int = 1):
+def read_hub(spec: SplitConfig, src_lang: str, tgt_lang: str, num_proc: int = 1, cache_dir: Path | None = None):
     """The pairs of a Hub dataset's split as a `datasets.Dataset` with columns `src` and
     `tgt` (a missing side is empty text, which the filters count). Raises UserError when the
-    dataset is not cached (offline), lacks the columns or holds something other than text."""
-    builder = _builder(spec)
+    dataset is not cached (offline), lacks the columns or holds something other than text.
+    `datasets`' Arrow copy of a local folder goes to `cache_dir`/hub (the run's cache, removed
+    with it), that of a dataset of the Hub to `datasets`' cache, where it was downloaded."""
+    builder = _builder(spec, cache_dir)
     where = spec.describe()
     local = spec.hub is not None and os.path.isdir(spec.hub)
     marker = Path(builder.cache_dir) / FILES_MARKER
@@ -125,7 +144,7 @@ def read_hub(spec: SplitConfig, src_lang: str, tgt_lang: str, num_proc: int = 1)
     try:
         # datasets' copy of a local folder is made again where the files changed under their old mtimes
         stale = (local and (not marker.is_file() or marker.read_text(encoding="utf-8") != key)
-                 and os.access(_cache_home(), os.W_OK))
+                 and os.access(str(cache_dir / "hub") if cache_dir is not None else _cache_home(), os.W_OK))
         builder.download_and_prepare(download_mode="force_redownload" if stale else None)
         if local:
             with contextlib.suppress(OSError):

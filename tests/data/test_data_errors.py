@@ -5,6 +5,7 @@ exit code. Every case id here has a row in docs/errors.md."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import zipfile
 from collections.abc import Callable
@@ -39,11 +40,49 @@ def ws(tmp_path_factory) -> Path:
     with zipfile.ZipFile(tmp / "uneven.zip", "w") as z:
         z.writestr("Bible.en-es.es", "\n".join(ES) + "\n")
         z.writestr("Bible.en-es.en", "\n".join(EN[:-1]) + "\n")
+    hostile_zips(tmp)
     (tmp / "three.tsv").write_text("uno\tone\ndos\ttwo\textra\n", encoding="utf-8")
     (tmp / "blank.es").write_text("".join(f"{s}\n" for s in ES[:5]), encoding="utf-8")
     (tmp / "blank.en").write_text("\n \n\n\n\n", encoding="utf-8")  # every target blank
     train_shipped_tiny(tmp, "run", max_steps=2)
     return tmp
+
+
+def moses_zip(path: Path, es: str, en: str, method: int = zipfile.ZIP_DEFLATED) -> Path:
+    with zipfile.ZipFile(path, "w", method) as z:
+        z.writestr("Bible.en-es.es", es)
+        z.writestr("Bible.en-es.en", en)
+    return path
+
+
+def patch_headers(path: Path, flag: int = 0, method: int | None = None) -> None:
+    """Set a general-purpose flag bit (1: encrypted) or the compression method in every local
+    and central header of the zip at `path`, as a zip made by another tool has them."""
+    data = bytearray(path.read_bytes())
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        at = data.find(signature)
+        while at >= 0:
+            old = int.from_bytes(data[at + flag_at:at + flag_at + 2], "little")
+            data[at + flag_at:at + flag_at + 2] = (old | flag).to_bytes(2, "little")
+            if method is not None:
+                data[at + method_at:at + method_at + 2] = method.to_bytes(2, "little")
+            at = data.find(signature, at + 4)
+    path.write_bytes(bytes(data))
+
+
+def hostile_zips(tmp: Path) -> None:
+    """Moses zips that are damaged (a bad CRC), encrypted, packed with Deflate64, a zip bomb (one
+    line of 64 MiB in 65 KB) and one holding a line of 2 MiB of text."""
+    text_es, text_en = "\n".join(ES) + "\n", "\n".join(EN) + "\n"
+    crc = moses_zip(tmp / "crc.zip", text_es, text_en, zipfile.ZIP_STORED)
+    data = bytearray(crc.read_bytes())
+    data[data.find(ES[3].encode())] ^= 0x20  # one letter of line 4 changed: the CRC no longer matches
+    crc.write_bytes(bytes(data))
+    patch_headers(moses_zip(tmp / "locked.zip", text_es, text_en), flag=0x1)
+    patch_headers(moses_zip(tmp / "deflate64.zip", text_es, text_en), method=9)
+    moses_zip(tmp / "bomb.zip", "a" * (64 << 20) + "\n", "b\n")
+    letters = "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz ", k=2 << 20))  # packs 1.6 times
+    moses_zip(tmp / "longline.zip", "\n".join(ES[:3]) + "\n" + letters + "\n", "\n".join(EN[:4]) + "\n")
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +154,29 @@ CASES: dict[str, Case] = {
     "moses-uneven": (
         lambda ws: ["tokenize", "-c", config(ws, "uneven", train=str(ws / "uneven.zip"))],
         ["uneven.zip: Bible.en-es.es has 150 lines but Bible.en-es.en has 149; source and target files must be aligned"], 1),
+    "moses-damaged": (
+        lambda ws: ["tokenize", "-c", config(ws, "crc", train=str(ws / "crc.zip"))],
+        ["crc.zip: Bible.en-es.es: damaged (Bad CRC-32 for file 'Bible.en-es.es'); download the zip again"], 1),
+    "moses-encrypted": (
+        lambda ws: ["tokenize", "-c", config(ws, "locked", train=str(ws / "locked.zip"))],
+        ["locked.zip: Bible.en-es.es: encrypted (the zip has a password); unzip it with its password and give the "
+         "two text files"], 1),
+    "moses-method": (
+        lambda ws: ["tokenize", "-c", config(ws, "deflate64", train=str(ws / "deflate64.zip"))],
+        ["deflate64.zip: Bible.en-es.es: packed with Deflate64, which Python's zipfile cannot unpack (it reads stored, "
+         "deflate, bzip2, lzma); unzip it with another tool (7z x)"], 1),
+    "moses-zip-bomb": (
+        lambda ws: ["tokenize", "-c", config(ws, "bomb", train=str(ws / "bomb.zip"))],
+        ["bomb.zip: Bible.en-es.es: refused: it unpacks to 67108865 bytes from ", " (more than 200 times; text packs 3 "
+         "to 5 times: a zip bomb?)"], 1),
+    "moses-line-too-long": (
+        lambda ws: ["tokenize", "-c", config(ws, "longline", train=str(ws / "longline.zip"))],
+        ["longline.zip:Bible.en-es.es:4: line longer than 1048576 bytes (1 MiB), the most a line may hold; expected "
+         "one sentence a line"], 1),
+    "hub-folder-missing": (
+        lambda ws: ["tokenize", "-c", config(ws, "hubtypo", train={"hub": str(ws / "hbu"), "split": "train"})],
+        ["data.train[0]: hub dataset ", "hbu (train): folder ", "hbu does not exist (a local folder laid out as on the "
+         "Hub was expected; a name of the Hub is NAME or OWNER/NAME); fix the path"], 1),
     "scores-count": (
         lambda ws: ["tokenize", "-c", config(ws, "fewscores", train=[{"path": str(ws / "pairs.tsv"), "drop_lowest": 0.1,
                                                                       "scores": scores(ws, "few.txt", "-1.5\n-2\n")}])],
