@@ -40,6 +40,9 @@ from seq2seq_cli.run.loaded import RunFiles, open_run
 CHUNK = 512
 """Rows translated between two progress records: what a stop can lose at most."""
 
+STOP_WAIT = 10.0
+"""Seconds the teacher's process is given to stop by SIGTERM before it is killed."""
+
 Translate = Callable[[list[str], list[str]], list[str]]
 """(source lines, their original targets) -> the teacher's translations of the sources."""
 
@@ -150,9 +153,16 @@ def student_config(config: Config) -> tuple[Config, RunFiles]:
     if config.data.format not in ("auto", "jsonl"):
         raise UserError(f"{config.where('data', 'format')}: {config.data.format}; the distilled corpora are JSONL "
                         "files, read with format auto (each file by its name)")
-    if config.run_path.resolve() == teacher.run_dir.resolve():
+    mine, theirs = config.run_path.resolve(), teacher.run_dir.resolve()
+    if mine == theirs:
         raise UserError(f"{config.where('run_dir')}: the student's run is its teacher's ({teacher.run_dir}); "
                         "give the student a run of its own")
+    if mine.is_relative_to(theirs) or theirs.is_relative_to(mine):
+        inside = (f"is inside its teacher's run {teacher.run_dir}" if mine.is_relative_to(theirs)
+                  else f"holds its teacher's run {teacher.run_dir}")
+        raise UserError(f"{config.where('run_dir')}: the student's run {config.run_path} {inside}; give the student "
+                        "a run of its own, beside the teacher's")
+    check_beam(config, teacher)
     src_spm, tgt_spm = RunLayout(teacher.run_dir).spm_models(tc.tokenizer.joint)
     tokenizer = tc.tokenizer.model_copy(update={
         "src_model": str(src_spm), "tgt_model": None if tc.tokenizer.joint else str(tgt_spm),
@@ -169,6 +179,25 @@ def student_config(config: Config) -> tuple[Config, RunFiles]:
     student = config.model_copy(update={"data": data, "tokenizer": tokenizer})
     student._origin, student._lines = config._origin, config._lines
     return student, teacher
+
+
+def check_beam(config: Config, teacher: RunFiles) -> None:
+    """The teacher's beam (`teacher_translate`) within its target vocabulary, refused naming
+    the config key that makes it: distill.beam_size, distill.nbest or the teacher's decode.beam_size."""
+    assert config.distill is not None
+    d, vocab = config.distill, int(teacher.meta["tgt_vocab"])
+    own = teacher.config.decode.beam_size
+    beam = max(d.beam_size or own, d.nbest)
+    if beam <= vocab:
+        return
+    if d.beam_size is not None:
+        key, why = config.where("distill", "beam_size"), ""
+    elif d.nbest > own:
+        key, why = config.where("distill", "nbest"), " (the teacher's beam is raised to hold the n best)"
+    else:
+        key, why = f"{teacher.checkpoint}: decode.beam_size (the teacher's, taken where distill.beam_size is null)", ""
+    raise UserError(f"{key}: a beam of {beam}{why} is larger than the teacher's target vocabulary ({vocab} tokens); "
+                    "give a smaller one")
 
 
 def distilled_path(config: Config, index: int) -> Path:
@@ -248,7 +277,7 @@ def teacher_translate(teacher: RunFiles, beam_size: int | None, nbest: int = 1) 
     from seq2seq_cli.train.distill_choice import best_of
 
     beam = max(beam_size or teacher.config.decode.beam_size, nbest)
-    choice = load_translator([teacher.run_dir], "auto", {"beam_size": beam})
+    choice = load_translator([teacher.checkpoint], "auto", {"beam_size": beam})  # the checkpoint named, not the run's best
     t = choice.translator
     splitter = Splitter(t.languages[0])
     if nbest == 1:
@@ -277,11 +306,17 @@ def distill(config: Config, progress: bool = True, log: Callable[[str], None] = 
     from seq2seq_cli.train.loop import train
 
     student, teacher = student_config(config)
-    if translate is None:
-        for line in separate_teacher_passes(config, progress):
-            log(line)
-    else:
-        teacher_passes(config, teacher, translate, progress, log)
+    check_same_teacher(student, teacher)
+    again = resume_command(config)
+    try:
+        if translate is None:
+            for line in separate_teacher_passes(config, teacher, progress):
+                log(line)
+        else:
+            teacher_passes(config, teacher, translate, progress, log)
+    except (KeyboardInterrupt, SystemExit):
+        log(f"interrupted; the teacher's pass resumes where it was last recorded with: {again}")
+        raise
     resume = runlock.has_checkpoints(student.run_path)
     if resume:
         log(f"{student.run_path}: holds the student's checkpoints; training resumes")
@@ -289,8 +324,10 @@ def distill(config: Config, progress: bool = True, log: Callable[[str], None] = 
         for path in train_tokenizer(student, log):
             log(f"wrote {path}")
     assert student.distill is not None
+    atomic_write_text(teacher_record(student.run_path), json.dumps(
+        {"teacher": str(teacher.checkpoint), "teacher_sha256": teacher.weights_sha256}) + "\n")
     warm = teacher.checkpoint if student.distill.init_from_teacher else None
-    run = train(student, resume=resume, progress=progress, log=log, warm_start=warm)
+    run = train(student, resume=resume, progress=progress, log=log, warm_start=warm, resume_with=again)
     tests = student.data.eval_splits("test")
     if not report or len(tests) != 1:  # no test split, or one per pair: no table
         return Distilled(run, None)
@@ -304,7 +341,54 @@ def distill(config: Config, progress: bool = True, log: Callable[[str], None] = 
     return Distilled(run, distill_report.table(figures))
 
 
-def separate_teacher_passes(config: Config, progress: bool) -> list[str]:
+def resume_command(config: Config) -> str:
+    """The command that resumes this distillation where it stops (the teacher's pass, or the
+    student's training, then the report)."""
+    assert config.distill is not None
+    return f"seq2seq distill --config {config._origin or 'CONFIG'} --teacher {config.distill.teacher}"
+
+
+def teacher_record(run: Path) -> Path:
+    """STUDENT/distilled/teacher.json: the teacher checkpoint (path, weights sha256) whose
+    translations the student's checkpoints learned, written when its training starts."""
+    return RunLayout(run).distilled / "teacher.json"
+
+
+def trained_on(run: Path) -> tuple[str, str] | None:
+    """(weights sha256, checkpoint) of the teacher whose translations the student run `run`
+    learned: its `teacher_record`, else (a student distilled before the record was kept) the
+    teacher of its distilled corpora's progress records; None where neither says."""
+    try:
+        kept = json.loads(teacher_record(run).read_text(encoding="utf-8"))
+        return str(kept["teacher_sha256"]), str(kept["teacher"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    distilled = RunLayout(run).distilled
+    for progress in sorted(distilled.glob("train-*.progress.json")) if distilled.is_dir() else []:
+        try:
+            return str(json.loads(progress.read_text(encoding="utf-8"))["teacher_sha256"]), "its teacher then"
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def check_same_teacher(student: Config, teacher: RunFiles) -> None:
+    """Refuse to resume a student whose checkpoints learned another teacher's translations
+    (the teacher trained on since, or another one named): the pass would translate again and
+    the resumed training, at its end already, would leave the student the old teacher's."""
+    if not runlock.has_checkpoints(student.run_path):
+        return
+    kept = trained_on(student.run_path)
+    if kept is None or kept[0] == teacher.weights_sha256:
+        return
+    sha, where = kept
+    raise UserError(f"{student.run_path}: the student learned the translations of other teacher weights "
+                    f"({where}, sha256 {sha[:12]}) than {teacher.checkpoint} holds now (sha256 "
+                    f"{teacher.weights_sha256[:12]}); give the student a new run_dir, or remove "
+                    f"{RunLayout(student.run_path).checkpoints} to train it again on this teacher's translations")
+
+
+def separate_teacher_passes(config: Config, teacher: RunFiles, progress: bool) -> list[str]:
     """`teacher_passes` with the teacher's own translator, in a process of its own -> what it
     logged. The student then trains in a process that never held the teacher's engine: its
     OpenMP threads, which would slow torch's on the same cores, and its memory go with it.
@@ -315,15 +399,19 @@ def separate_teacher_passes(config: Config, progress: bool) -> list[str]:
 
     spawn = multiprocessing.get_context("spawn")
     receive, send = spawn.Pipe(duplex=False)
-    child = spawn.Process(target=_teacher_process, args=(config, progress, send), name="seq2seq-teacher")
+    child = spawn.Process(target=_teacher_process, name="seq2seq-teacher",
+                          args=(config, teacher.checkpoint, teacher.weights_sha256, os.getpid(), progress, send))
     child.start()
     send.close()
     try:
         with terminate_as_interrupt():
             child.join()
     except BaseException:
-        child.terminate()
-        child.join()
+        child.terminate()  # SIGTERM: the child stops as by Ctrl-C, its resources released
+        child.join(STOP_WAIT)
+        if child.is_alive():  # still inside one long call of the engine
+            child.kill()
+            child.join()
         raise
     answer = receive.recv() if receive.poll() else None
     if answer is None:
@@ -336,18 +424,59 @@ def separate_teacher_passes(config: Config, progress: bool) -> list[str]:
     return answer[1]
 
 
-def _teacher_process(config: Config, progress: bool, send) -> None:
-    """The spawned process of `separate_teacher_passes`: sends ("done", log lines), ("error",
-    message) or ("interrupted",)."""
+def _teacher_process(config: Config, checkpoint: Path, weights_sha256: str, parent: int, progress: bool, send) -> None:
+    """The spawned process of `separate_teacher_passes`, translating with the teacher
+    `checkpoint` (whose weights must still be `weights_sha256`): sends ("done", log lines),
+    ("error", message) or ("interrupted",). It ends with its `parent` (`die_with_parent`)."""
+    from seq2seq_cli.fileio import terminate_as_interrupt
+
     said: list[str] = []
     try:
-        assert config.distill is not None and config.distill.teacher is not None
-        teacher = open_run(config.distill.teacher)
-        translate, path = teacher_translate(teacher, config.distill.beam_size, config.distill.nbest)
-        said.append(f"teacher {teacher.run_dir}: {path}")
-        teacher_passes(config, teacher, translate, progress, said.append)
+        die_with_parent(parent)
+        with terminate_as_interrupt():
+            _teacher_passes_here(config, checkpoint, weights_sha256, progress, said)
         send.send(("done", said))
     except UserError as exc:
         send.send(("error", str(exc)))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         send.send(("interrupted",))
+
+
+def _teacher_passes_here(config: Config, checkpoint: Path, weights_sha256: str, progress: bool, said: list[str]) -> None:
+    """`_teacher_process`'s work: `teacher_passes` with the teacher's own translator."""
+    assert config.distill is not None
+    teacher = open_run(checkpoint)
+    if teacher.weights_sha256 != weights_sha256:
+        raise UserError(f"{checkpoint}: written again since distill started (a training run saving it?); "
+                        "run the command again once the teacher is settled")
+    translate, path = teacher_translate(teacher, config.distill.beam_size, config.distill.nbest)
+    said.append(f"teacher {teacher.run_dir}: {path}")
+    teacher_passes(config, teacher, translate, progress, said.append)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process (SIGKILL: at once, in the middle of the engine's work; the pass resumes
+    from its last record) when the process `parent` ends, even by SIGKILL, so that a killed
+    `distill` leaves no teacher translating on, holding the student run's lock: on
+    Linux by the kernel (PR_SET_PDEATHSIG), elsewhere by a thread watching the parent's pid."""
+    import signal
+    import sys
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:  # the parent ended before the request took hold
+                os.kill(os.getpid(), signal.SIGKILL)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="seq2seq-parent-watch", daemon=True).start()

@@ -324,10 +324,12 @@ def report_epoch(run: Run, state: TrainState, batches: BatchPlan) -> None:
 
 
 def train(config: Config, resume: bool = False, log: Callable[[str], None] | None = None, progress: bool = True,
-          overwrite: bool = False, init_from: str | Path | None = None, warm_start: Path | None = None) -> Path:
+          overwrite: bool = False, init_from: str | Path | None = None, warm_start: Path | None = None,
+          resume_with: str | None = None) -> Path:
     """Train the model a config describes; return the run directory. `init_from` (a run
     directory or checkpoint) starts from its weights instead of random ones: fine-tuning;
-    `warm_start` gives a fresh run the tensors of a checkpoint that fit (a student, its teacher's).
+    `warm_start` gives a fresh run the tensors of a checkpoint that fit (a student, its teacher's);
+    `resume_with` is the command a stop advises (else `train --resume`: `distill` gives its own).
     Under torchrun every process calls this; see the module docstring."""
     limit_kernel_caches()
     procs, device = distributed.start(config.train.device)
@@ -344,7 +346,7 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
                    dynamic_ncols=True, file=sys.stderr)
         try:
             with stop_on_signals() as stop:
-                run_updates(run, state, bar, plain, stop)
+                run_updates(run, state, bar, plain, stop, resume_with)
                 finish(run, state, bar, plain)
         finally:
             bar.close()
@@ -359,7 +361,8 @@ def train(config: Config, resume: bool = False, log: Callable[[str], None] | Non
         distributed.stop(procs, wait=finished)
 
 
-def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopRequest) -> None:
+def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopRequest,
+                resume_with: str | None = None) -> None:
     """Update after update, epoch after epoch, logging every log_every updates and validating
     every valid_every, until `should_stop`; a signal saves `last` and raises KeyboardInterrupt."""
     t, procs = run.config.train, run.procs
@@ -382,8 +385,8 @@ def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopR
         if distributed.from_main(procs, stop.requested):  # rank 0's signal stops every process
             bar.close()
             save(run, state, improved=False)
-            run.log(f"interrupted at step {state.step}; saved {run.layout.last}. "
-                    f"Resume with: seq2seq train --config {run.layout.config} --resume")
+            again = resume_with or f"seq2seq train --config {run.layout.config} --resume"
+            run.log(f"interrupted at step {state.step}; saved {run.layout.last}. Resume with: {again}")
             raise KeyboardInterrupt
 
 
