@@ -50,6 +50,10 @@ INTERNAL_SUBSET = re.compile(r"\s*((?:<!--.*?-->|<\?.*?\?>)\s*)*(<!DOCTYPE\s[^\[
 """An XML doctype with an internal subset (entity declarations), after any comments or processing instructions."""
 
 HEAD_META = frozenset(["description", "og:title", "og:description", "twitter:title", "twitter:description"])
+PAGE_START = re.compile(r"\s*(<!--.*?-->\s*)*<(!doctype|html|head|body)(?=[\s>/])", re.I | re.S)
+"""The start of an HTML page (else a fragment): a doctype, or the tag of <html>, <head> or <body>."""
+DOCTYPE = re.compile(r"<!DOCTYPE(?:[^>\[]|\[.*?\])*>", re.I | re.S)
+WRAPPERS = ("html", "head", "body")  # the elements an HTML parser adds where a page leaves out their tags
 
 
 def _tag(el: Any) -> str:
@@ -206,6 +210,9 @@ class MarkupDocument:
         self.end = text[len(text.rstrip()):]  # the whitespace after the document, kept
         self.attributes: list[tuple[Any, str, Split]] = []  # (element, attribute, its text split)
         self.doctype = ""  # an XML doctype with an internal subset, as written (see `render`)
+        self.page_doctype = ""  # an HTML page's doctype, as written (the output has it, or none)
+        self.implied: set[str] = set()  # WRAPPERS whose tags the page leaves out: the output leaves them out too
+        self.page_prolog: str | None = None  # what an HTML page has before its <html> tag, as written
         if fmt == "xml":
             found = INTERNAL_SUBSET.match(body)
             self.doctype = found.group(2) if found else ""
@@ -218,8 +225,14 @@ class MarkupDocument:
                 raise UserError(f"{name}:{exc.lineno}: not well-formed XML ({exc.msg})") from None
         else:
             parser = lhtml.HTMLParser(huge_tree=True)  # lxml drops what nests past 256 levels without it
-            if re.match(r"\s*(<!--.*?-->\s*)*<(!doctype|html)", body, re.I | re.S):
+            if PAGE_START.match(body):
                 self.root = lhtml.document_fromstring(body, parser=parser)
+                start = re.search(r"<(?![!?])", re.sub(r"<!--.*?-->", lambda m: " " * len(m.group()), body, flags=re.S))
+                found = DOCTYPE.search(body, 0, start.start() if start else len(body))
+                self.page_doctype = found.group() if found else ""
+                self.implied = {tag for tag in WRAPPERS if not re.search(rf"<{tag}[\s>/]", body, re.I)}
+                if "html" not in self.implied and start:  # what comes before <html> is never translated: kept as written
+                    self.page_prolog = body[self.declaration.count("\n") : start.start()]
             else:
                 self.fragment = True
                 try:
@@ -261,11 +274,32 @@ class MarkupDocument:
             head = html.escape(self.root.text or "", quote=False)
             return self.declaration + head + "".join(lhtml.tostring(c, encoding="unicode") for c in self.root)
         method = "html" if self.fmt == "html" and not self.declaration else "xml"  # XHTML stays well-formed
-        body = str(etree.tostring(self.root.getroottree(), method=method, encoding="unicode"))
+        tree = self.root.getroottree()
+        if self.fmt == "html":  # libxml2 writes a page with an XHTML doctype its own way (xmlns twice, a <meta> added)
+            tree.docinfo.public_id = tree.docinfo.system_url = None
+        body = str(etree.tostring(tree, method=method, encoding="unicode"))
         start = re.search(r"<(?![!?])", body)  # the root element's tag: what comes before it is the prolog
-        if self.doctype and "<!DOCTYPE" not in body[: start.start() if start else len(body)].upper():
-            body = self.doctype + "\n" + body  # lxml drops a subset not named as the root: its entities stay declared
-        return self.declaration + body.rstrip() + self.end
+        prolog, body = body[: start.start() if start else len(body)], body[start.start() if start else len(body):]
+        if self.page_prolog is not None:
+            prolog = self.page_prolog
+        elif self.fmt == "html":  # the page's own doctype as written, or none (lxml's otherwise)
+            prolog = DOCTYPE.sub(lambda _: self.page_doctype, prolog, count=1)
+            if not self.page_doctype:
+                prolog = prolog.lstrip("\n")
+            elif not DOCTYPE.search(prolog):
+                prolog = self.page_doctype + "\n" + prolog
+        if self.implied and method == "html":  # the tags the parser added are left out
+            after = body[len(lhtml.tostring(self.root, encoding="unicode")):]
+            for tag in ("head", "body"):
+                added = self.root.find(tag)
+                if tag in self.implied and added is not None:
+                    added.drop_tag()
+            inner = "".join(lhtml.tostring(child, encoding="unicode") for child in self.root)
+            body = (html.escape(self.root.text or "", quote=False) + inner if "html" in self.implied
+                    else lhtml.tostring(self.root, encoding="unicode")) + after
+        if self.doctype and "<!DOCTYPE" not in prolog.upper():
+            prolog = self.doctype + "\n" + prolog  # lxml drops a subset not named as the root: its entities stay declared
+        return self.declaration + (prolog + body).rstrip() + self.end
 
 
 def translate_markup(translator: Translator, text: str, fmt: str, splitter: Splitter, name: str = "the input",

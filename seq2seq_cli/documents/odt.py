@@ -15,6 +15,7 @@ settings) are written back as they were, the mimetype first and stored, as the f
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from seq2seq_cli.choices import DocumentFormat
 from seq2seq_cli.documents.aligning import translate_aligned
 from seq2seq_cli.documents.archive import MIMETYPE, Entry, unpack
-from seq2seq_cli.documents.markup import UnitBuilder, finish_unit
+from seq2seq_cli.documents.markup import INTERNAL_SUBSET, UnitBuilder, finish_unit
 from seq2seq_cli.documents.placing import Node, Unit, render_unit
 from seq2seq_cli.documents.sentences import Splitter
 from seq2seq_cli.errors import UserError
@@ -76,6 +77,9 @@ def _node(p: _Paragraph, builder: UnitBuilder, element: Any) -> Node:
     node = Node(element, builder.length, builder.length, opaque=True)
     if builder.length and not builder.parts[-1].endswith(" "):
         p.glued.append(element)
+    elif element.tag not in BREAKS:  # kept apart from the words on its sides as the source had it
+        node.space_before = builder.length > 0
+        node.space_after = (element.tail or "")[:1].isspace()
     if element.tag in BREAKS:
         builder.add(" ")  # it parts the words on its sides
     return node
@@ -126,11 +130,24 @@ def _unglue(p: _Paragraph) -> None:
             element.tail = " " + (element.tail or "")
 
 
+def _serialize(tree: Any, source: bytes) -> bytes:
+    """A part as it is now, with what came before its root element (comments, processing
+    instructions) and the doctype `source` declared entities in (lxml leaves it out): the
+    entities its text names stay declared."""
+    from lxml import etree
+
+    payload = etree.tostring(tree.getroottree(), xml_declaration=True, encoding="UTF-8")
+    found = INTERNAL_SUBSET.match(source[:1 << 20].decode("utf-8", errors="replace"))
+    start = re.search(rb"<(?![!?])", payload)  # the root element's tag: the prolog is before it
+    if found is None or b"<!DOCTYPE" in payload[: start.start() if start else len(payload)]:
+        return payload
+    declaration, _, rest = payload.partition(b"\n")
+    return declaration + b"\n" + found.group(2).encode("utf-8") + b"\n" + rest
+
+
 def _write(entries: list[Entry], trees: dict[str, Any]) -> bytes:
     """The package again: the mimetype first and stored, the parsed parts as they are now, the
     other entries as they were."""
-    from lxml import etree
-
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as archive:
         archive.writestr(zipfile.ZipInfo("mimetype"), MIMETYPE, compress_type=zipfile.ZIP_STORED)
@@ -139,7 +156,7 @@ def _write(entries: list[Entry], trees: dict[str, Any]) -> bytes:
             if info.filename == "mimetype":
                 continue
             if info.filename in trees:
-                payload = etree.tostring(trees[info.filename], xml_declaration=True, encoding="UTF-8")
+                payload = _serialize(trees[info.filename], entry.data)
             copy = zipfile.ZipInfo(info.filename, info.date_time)
             copy.compress_type, copy.external_attr = info.compress_type, info.external_attr
             archive.writestr(copy, payload)
