@@ -16,7 +16,7 @@ from pydantic_core import ErrorDetails
 
 from seq2seq_cli.config import ARCHITECTURE_KEYS, SPLIT_TAGS, VOCABULARY_KEYS, Config, dotted_key
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import atomic_write_text
+from seq2seq_cli.fileio import atomic_write_text, check_utf8
 from seq2seq_cli.layout import run_of_config
 
 
@@ -162,7 +162,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        check_utf8(path)  # names the line and byte of the first invalid UTF-8, and the encoding a BOM shows
+        raise UserError(f"{path}: not UTF-8 text; save the config as UTF-8") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
     try:
         raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:

@@ -60,6 +60,33 @@ def load_translator(model: list[Path], device: str, decode: dict[str, object], t
     return choice.translator.replaced(announce=Deferred(lambda: tqdm.write(line, file=sys.stderr)))
 
 
+def check_streams(input: str | None, output: str) -> None:
+    """Refuse, before a model loads, a closed stdin read (`-i -` with `<&-`) or a closed stdout
+    written (`-o -` with `>&-`), and an `-o FILE` that cannot be written (`fileio.check_output_path`)."""
+    from seq2seq_cli.fileio import check_output_path, refuse_link_loop
+
+    if input == "-" and sys.stdin is None:
+        raise UserError("standard input is closed (<&-): give the text with -i FILE, or on a pipe")
+    if input is not None and input != "-":
+        refuse_link_loop(Path(input))
+    if output == "-" and sys.stdout is None:
+        raise UserError("standard output is closed (>&-): write the output to a file with -o FILE")
+    if output != "-":
+        check_output_path(output)
+
+
+def need_documents_extra(module: str, what: str) -> None:
+    """Refuse `what` (e.g. "translating a .docx") where the documents extra is not installed."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UserError(f"{what} needs the documents extra ({module} is missing): pip install 'seq2seq[documents]'")
+
+
 def _load(config: Path, overrides: list[str] | None):
     from seq2seq_cli.config_load import load_config
 
@@ -201,7 +228,10 @@ def translate(
     from seq2seq_cli.documents.text import translate_file
     from seq2seq_cli.documents.translate import check_document_options, input_format, translate_document
 
+    check_streams(input, output)
     fmt = input_format(input, format)
+    if fmt is DocumentFormat.docx:
+        need_documents_extra("docx", "translating a .docx")
     terminology = Terminology.load(constraints, glossary)  # bad files are reported before the model loads
     per_line = ("forced prefixes decode with our searches" if prefix is not None else
                 "constraints and glossary terms decode with our searches" if terminology is not None else None)
@@ -215,7 +245,11 @@ def translate(
     opts = OutputOptions(nbest, scores, alignment, attention_plots, attention_layer, attention_head, terminology, splitter)
     if fmt is not DocumentFormat.text:
         check_document_options(fmt, opts, prefix)
-        translate_document(translator, input, output, fmt, splitter)
+        try:
+            translate_document(translator, input, output, fmt, splitter)
+        except ImportError as exc:
+            raise UserError(f"translating {input} needs the documents extra ({exc.name} is missing): "
+                            "pip install 'seq2seq[documents]'") from None
         if output != "-":
             typer.echo(f"wrote {output}", err=True)
         return
@@ -313,7 +347,7 @@ def evaluate(
 def score(
     model: Annotated[Path, typer.Option("--model", "-m", metavar="RUN", help="Run (or checkpoint) of the source->target direction whose log-probabilities score the pairs.")],
     reverse_model: Annotated[Path | None, typer.Option("--reverse-model", metavar="RUN", help="A run of the other direction (target->source): each pair gets the dual conditional cross-entropy score of the two.")] = None,
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="The pairs, source<TAB>target a line.")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="The pairs, source<TAB>target a line; - = stdin.")] = None,
     src: Annotated[Path | None, typer.Option("--src", "-s", help="The sources, one a line (with --tgt, instead of --input).")] = None,
     tgt: Annotated[Path | None, typer.Option("--tgt", "-t", help="The targets, aligned with --src.")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="Where the scores go, one a line in input order; - = stdout.")] = "-",
@@ -325,15 +359,34 @@ def score(
     """Score pairs with a trained model: each target's mean log-probability given its source (higher is better), or with --reverse-model the dual score; for data.train[].scores."""
     from seq2seq_cli.data.scoring import read_pairs, score_pairs
     from seq2seq_cli.device import pick_device
+    from seq2seq_cli.fileio import terminate_as_interrupt
     from seq2seq_cli.run.loaded import load_run
 
-    pairs = read_pairs(input, src, tgt)  # the files are checked before a model loads
+    from_stdin = input is not None and str(input) == "-"
+    check_streams("-" if from_stdin else None, output)
+    if from_stdin and (src is not None or tgt is not None):
+        raise UserError("give the pairs as --input PAIRS.tsv (source<TAB>target a line), or as --src FILE and --tgt FILE")
+    # the files are checked before a model loads; stdin is read as the pairs are scored
+    pairs = stdin_pairs() if from_stdin else read_pairs(input, src, tgt)
     where = pick_device(device, setting="--device")
     runs = [load_run(m, where) for m in (model, reverse_model) if m is not None]
-    inputs = {flag: path for flag, path in (("--input", input), ("--src", src), ("--tgt", tgt)) if path is not None}
-    count = score_pairs(runs, where, pairs, output, batch_tokens, inputs, src_lang, tgt_lang)
+    inputs = {flag: path for flag, path in (("--input", input), ("--src", src), ("--tgt", tgt))
+              if path is not None and not (flag == "--input" and from_stdin)}
+    with terminate_as_interrupt():  # SIGTERM removes the temporary file of -o, as Ctrl-C does
+        count = score_pairs(runs, where, pairs, output, batch_tokens, inputs, src_lang, tgt_lang)
     if output != "-":
         typer.echo(f"wrote {count} scores to {output}", err=True)
+
+
+def stdin_pairs():
+    """The pairs of stdin, source<TAB>target a line, read as they are scored."""
+    from seq2seq_cli.fileio import stdin_lines
+
+    for number, line in enumerate(stdin_lines(sys.stdin.buffer), start=1):
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise UserError(f"<stdin>:{number}: expected 2 tab-separated columns (source, target), found {len(parts)}")
+        yield parts[0], parts[1]
 
 
 @app.command()
@@ -385,7 +438,18 @@ def import_(
 
 
 def main() -> None:
-    app(prog_name="seq2seq")
+    from seq2seq_cli.fileio import guard_standard_streams, silence_stdout
+
+    guard_standard_streams()
+    try:
+        app(prog_name="seq2seq")
+    finally:
+        try:  # what stdout still holds, written while a reader is there to take it
+            if sys.stdout is not None:
+                sys.stdout.flush()
+        except BrokenPipeError:
+            silence_stdout()
+            raise SystemExit(141) from None  # quietly, as a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from typer.core import TyperGroup
 
 from seq2seq_cli.choices import Engine
 from seq2seq_cli.errors import UserError
+from seq2seq_cli.fileio import silence_stdout, stdout_reader_gone
 
 
 class OneLineErrors(TyperGroup):
@@ -137,7 +139,8 @@ def decode_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def user_errors(fn: Callable) -> Callable:
-    """Report UserError as one line on stderr with exit code 1, never a traceback."""
+    """Report UserError as one line on stderr with exit code 1, never a traceback; a reader of
+    stdout that went away (`| head`) ends the command quietly with exit code 141."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -147,6 +150,11 @@ def user_errors(fn: Callable) -> Callable:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
         except OSError as exc:  # unreadable input, a full disk, a directory where a file was expected
+            if isinstance(exc, BrokenPipeError) and stdout_reader_gone():
+                # the reader of stdout is gone (`seq2seq ... | head`): stop quietly, as cat or grep
+                # do, with the status of a process ended by SIGPIPE
+                silence_stdout()
+                raise typer.Exit(128 + signal.SIGPIPE) from None
             where = f"{exc.filename}: " if exc.filename else ""
             typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
             raise typer.Exit(1) from None

@@ -82,7 +82,8 @@ async def request_error(_: Request, exc: RequestError) -> JSONResponse:
 
 
 async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return error_response(exc.status_code, str(exc.detail))
+    # its headers kept: a 405 names the methods the path takes (Allow), as HTTP asks
+    return error_response(exc.status_code, str(exc.detail), dict(exc.headers) if exc.headers else None)
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
