@@ -112,10 +112,22 @@ def document_text(name: str, data: bytes, fmt: DocumentFormat) -> str:
         text = data.decode(encoding)
     except UnicodeDecodeError as exc:
         if encoding == "utf-8":
-            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start}){wide_bom_hint(data)}") from None
+            raise UserError(f"{name}: not UTF-8 text (invalid byte at {exc.start})"
+                            f"{wide_bom_hint(data) or utf8_hint(name, fmt)}") from None
         said = "its XML declaration" if DECLARED.match(data[:SNIFF_BYTES]) else "its <meta> charset"
         raise UserError(f"{name}: not {encoding} text, as {said} says (invalid byte at {exc.start})") from None
     return text.removeprefix("\ufeff")
+
+
+def utf8_hint(name: str, fmt: DocumentFormat) -> str:
+    """How to make a document that is not UTF-8 readable: convert it, or (HTML, XML) name its
+    encoding where a reader looks for it."""
+    convert = f"; convert it to UTF-8 (iconv -f latin1 -t utf-8 {name} > utf8{Path(name).suffix})"
+    if fmt is DocumentFormat.html:
+        return convert + ' or name its encoding in the page (<meta charset="windows-1252"> for Latin-1)'
+    if fmt is DocumentFormat.xml:
+        return convert + ' or name its encoding in an XML declaration (<?xml version="1.0" encoding="ISO-8859-1"?>)'
+    return convert
 
 
 def check_document(name: str, data: bytes, fmt: DocumentFormat) -> None:

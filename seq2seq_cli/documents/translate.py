@@ -67,10 +67,11 @@ def describe_pieces(name: str, count: int, translator: Translator) -> str:
 def translate_bytes(translator: Translator, name: str, data: bytes, fmt: DocumentFormat, splitter: Splitter,
                     cut: list[int] | None = None) -> bytes:
     """A document's bytes -> the translated document's bytes, in the same format. Plain text is
-    translated line by line (lines end in LF, as `translate` writes them, whatever ended them),
-    each line cut into sentences by `splitter` and joined back; HTML and XML are written in
-    the encoding they were read in (`text_encoding`). The indices of a document's sentences
-    translated in pieces (too long for the model) are appended to `cut` when given."""
+    translated line by line (every line ends in LF, the last too, as `translate` writes them,
+    whatever ended them), each line cut into sentences by `splitter` and joined back; HTML and
+    XML are written in the encoding they were read in (`text_encoding`). The indices of a
+    document's sentences translated in pieces (too long for the model) are appended to `cut`
+    when given."""
     check_document(name, data, fmt)
     if fmt is DocumentFormat.docx:
         return docx.translate_docx(translator, data, splitter, name, cut)
@@ -81,9 +82,10 @@ def translate_bytes(translator: Translator, name: str, data: bytes, fmt: Documen
         translated = translate_markup(translator, text, fmt.value, splitter, name, cut)
         return translated.encode(text_encoding(name, data, fmt), errors="xmlcharrefreplace")
     lines = text.split("\n")
-    last = lines.pop() if lines and lines[-1] == "" else None  # the newline ending the file is not a line
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline ending the file is not a line
     out = translate_sentences(translator.translate, [line.rstrip("\r") for line in lines], splitter)
-    return ("\n".join(out) + ("\n" if last is not None else "")).encode("utf-8")
+    return "".join(line + "\n" for line in out).encode("utf-8")  # each line ends in LF, the last too, as `translate` writes
 
 
 def translate_document(translator: Translator, src: str, out: str, fmt: DocumentFormat, splitter: Splitter | None) -> None:

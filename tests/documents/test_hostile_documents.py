@@ -72,6 +72,15 @@ def no_content_types() -> bytes:
     return hf.zipped({n: source.read(n) for n in source.namelist() if n != "[Content_Types].xml"})
 
 
+def docx_changed(changes: dict[str, bytes | None]) -> bytes:
+    """hf.word_document() with the parts in `changes` replaced (None: taken out)."""
+    source = zipfile.ZipFile(io.BytesIO(hf.word_document()))
+    parts: dict[str, str | bytes] = {n: source.read(n) for n in source.namelist() if changes.get(n, b"") is not None}
+    parts.update({n: data for n, data in changes.items() if data is not None})
+    return hf.zipped(parts)
+
+
+LATIN1_PAGE = "<!DOCTYPE html>\n<html><body><p>Mañana</p></body></html>\n".encode("latin-1")
 ENCRYPTED = "encrypted (password-protected); save it without a password and try again"
 # The rows of docs/errors.md, section "Damaged, hostile and cut-short input", about files:
 # {case: (file name, its bytes, the message)}
@@ -96,6 +105,21 @@ DAMAGED = {
                                   "k.xml: its XML declaration names the encoding klingon, which is not known"),
     "document-wrong-encoding": ("w.xml", lambda: '<?xml version="1.0" encoding="ascii"?><a>año</a>'.encode(),
                                 "w.xml: not ascii text, as its XML declaration says (invalid byte at 42)"),
+    "document-docx-not-xml": ("tag.docx", lambda: docx_changed({"word/document.xml": f'<w:document xmlns:w="{hf.W_NS}">'
+                                                                 "<w:body><w:p></w:body></w:document>".encode()}),
+                              "tag.docx: not a readable .docx file (word/document.xml is not well-formed XML: Opening and "
+                              "ending tag mismatch: p line 1 and body, line 1, column "),
+    "document-docx-missing-part": ("gone.docx", lambda: docx_changed({"word/header1.xml": None}),
+                                   "gone.docx: not a readable .docx file (damaged: its relationships name "
+                                   "word/header1.xml, which it does not hold)"),
+    "document-docx-no-content-type": ("types.docx", lambda: docx_changed({"[Content_Types].xml": (
+        b'<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"/>')}),
+        "types.docx: not a readable .docx file (damaged: [Content_Types].xml gives no content type for word/document.xml)"),
+    "document-docx-no-body": ("hdr.docx", lambda: docx_changed({"word/document.xml": f'<w:hdr xmlns:w="{hf.W_NS}"/>'.encode()}),
+                              "hdr.docx: not a readable .docx file (word/document.xml holds no document body)"),
+    "document-html-latin1": ("latin1.html", lambda: LATIN1_PAGE,
+                             "latin1.html: not UTF-8 text (invalid byte at 33); convert it to UTF-8 (iconv -f latin1 "
+                             "-t utf-8 "),
 }
 
 
@@ -298,6 +322,17 @@ def test_translate_file_writes_lf_as_translate_does(run_dir, client, tmp_path):
     assert served.count(b"\n") == 4
 
 
+def test_a_text_without_a_final_newline_gives_the_same_bytes_from_translate_and_translate_file(run_dir, client, tmp_path):
+    text = "Hola mundo.\n\nY dijo Dios: Sea la luz."
+    src, out = tmp_path / "last.txt", tmp_path / "last.en.txt"
+    src.write_bytes(text.encode())
+    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--beam-size", "2",
+                            "--engine", "torch", "--full-vocabulary"])  # the served translator's path
+    assert r.exit_code == 0, r.output
+    served = download(client, "last.txt", text.encode())
+    assert served == out.read_bytes() and served.endswith(b"\n") and served.count(b"\n") == 3
+
+
 def download(client, name: str, data: bytes) -> bytes:
     answer = client.post("/translate_file", files={"file": (name, data)}, data={"source": "es", "target": "en"})
     assert answer.status_code == 200, answer.json()
@@ -377,6 +412,21 @@ def test_an_unknown_meta_charset_is_one_line_naming_it():
     page = b'<html><head><meta charset="klingon"></head><body><p>x</p></body></html>'
     with pytest.raises(UserError, match=r"^page.html: its <meta> names the charset klingon, which is not known$"):
         check_document("page.html", page, DocumentFormat.html)
+
+
+@pytest.mark.parametrize("name, fmt, hint", [
+    ("l.html", DocumentFormat.html, ' or name its encoding in the page (<meta charset="windows-1252"> for Latin-1)'),
+    ("l.xml", DocumentFormat.xml, ' or name its encoding in an XML declaration (<?xml version="1.0" encoding="ISO-8859-1"?>)'),
+    ("l.txt", DocumentFormat.text, "")])
+def test_a_latin1_document_is_told_how_to_be_read(name, fmt, hint):
+    """Latin-1 text with nothing naming its encoding: the line says how to convert it, and for
+    a page or an XML document where to name its encoding instead."""
+    data = "<doc><p>Mañana</p></doc>".encode("latin-1")
+    with pytest.raises(UserError) as err:
+        check_document(name, data, fmt)
+    suffix = name.rsplit(".", 1)[1]
+    assert str(err.value) == (f"{name}: not UTF-8 text (invalid byte at 10); convert it to UTF-8 "
+                              f"(iconv -f latin1 -t utf-8 {name} > utf8.{suffix}){hint}")
 
 
 def test_a_utf16_document_is_named_by_its_byte_order_mark():
