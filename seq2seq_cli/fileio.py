@@ -11,16 +11,13 @@ is built under a temporary name beside the old one and swapped in only when comp
 from __future__ import annotations
 
 import contextlib
-import errno
 import gzip
 import hashlib
 import lzma
 import os
-import select
 import shutil
 import signal
 import stat
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +26,7 @@ from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.layout import RunLayout
+from seq2seq_cli.paths import check_output_path, refuse_link_loop
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
@@ -382,99 +380,3 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def link_loop(path: Path) -> bool:
-    """Whether `path` is a symbolic link that leads back to itself (or through too many links)."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        return exc.errno == errno.ELOOP
-    return False
-
-
-def refuse_link_loop(path: Path) -> None:
-    """Refuse a path that is a loop of symbolic links, which names no file to read or write."""
-    if link_loop(path):
-        raise UserError(f"{path}: a loop of symbolic links (too many levels of links lead nowhere); "
-                        "point the link at a file, or give another path")
-
-
-def check_output_path(output: str) -> None:
-    """The one rule of every `-o FILE` (`-` aside): a file name in a directory that exists.
-    Refuses a name ending in a slash (a directory, never a file), a directory, a loop of links,
-    a parent that is a file or that does not exist, each in one line."""
-    path = Path(output)
-    refuse_link_loop(path)
-    if output.endswith(("/", os.sep)) and not path.is_dir():
-        if path.exists():
-            raise UserError(f"{output}: names a directory (it ends in a slash), but {path} is a file; "
-                            "give the file name without the slash")
-        raise UserError(f"{output}: names a directory (it ends in a slash), which does not exist; "
-                        f"give a file name to write, e.g. {path}/out.txt in a directory that exists")
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, expected a file name to write")
-    parent = path.parent
-    for folder in (parent, *parent.parents):
-        if link_loop(folder):
-            raise UserError(f"{path}: {folder} is a loop of symbolic links; write into a directory that exists")
-        if folder.exists() and not folder.is_dir():
-            raise UserError(f"{path}: {folder} is a file, not a directory; write into a directory")
-        if folder.is_dir():
-            break
-    if not parent.is_dir():
-        raise UserError(f"{path}: output directory {parent} does not exist")
-
-
-def guard_standard_streams() -> None:
-    """Where the process started with stdin, stdout or stderr closed (`<&-`, `>&-`, `2>&-`),
-    put /dev/null on that descriptor, so that no file opened later takes its number (a log line
-    for stderr would go into it). Closed stdin and stdout stay `None` in `sys` (Python's mark of
-    a closed stream: the commands that read or write them refuse in one line); a closed stderr
-    becomes /dev/null, so that log lines are dropped, never written to stdout."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-            if fd == 2:
-                sys.stderr = open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-
-
-def stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe whose reading end was closed (`seq2seq ... | head`): writing to
-    it fails with EPIPE, which `poll` reports as an error on the descriptor."""
-    try:
-        poller = select.poll()
-        poller.register(1, select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null, so that what Python still holds for it is dropped at exit
-    rather than reported as another broken pipe."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-    except OSError:
-        pass
-
-
-def stdin_lines(stream: BinaryIO, name: str = "<stdin>") -> Iterator[str]:
-    """The lines of a stream of bytes (stdin's), without their newline (a CR before it dropped),
-    the byte-order mark skipped; invalid UTF-8 and lines past MAX_LINE_BYTES are UserErrors naming
-    `name` and the line."""
-    number = 0
-    while raw := read_line(stream, name, number + 1):
-        number += 1
-        try:
-            line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason})") from None
-        yield line.removeprefix(BOM) if number == 1 else line

@@ -30,6 +30,7 @@ from seq2seq_cli.cli.options import (
     decode_options,
     user_errors,
 )
+from seq2seq_cli.cli.streams import check_streams, need_documents_extra, run_guarded, score_inputs
 from seq2seq_cli.errors import UserError
 
 app = typer.Typer(
@@ -58,33 +59,6 @@ def load_translator(model: list[Path], device: str, decode: dict[str, object], t
     # said when the first sentences are decoded: input refused before that is still a one-line error;
     # tqdm.write puts it above a progress bar already drawn
     return choice.translator.replaced(announce=Deferred(lambda: tqdm.write(line, file=sys.stderr)))
-
-
-def check_streams(input: str | None, output: str) -> None:
-    """Refuse, before a model loads, a closed stdin read (`-i -` with `<&-`) or a closed stdout
-    written (`-o -` with `>&-`), and an `-o FILE` that cannot be written (`fileio.check_output_path`)."""
-    from seq2seq_cli.fileio import check_output_path, refuse_link_loop
-
-    if input == "-" and sys.stdin is None:
-        raise UserError("standard input is closed (<&-): give the text with -i FILE, or on a pipe")
-    if input is not None and input != "-":
-        refuse_link_loop(Path(input))
-    if output == "-" and sys.stdout is None:
-        raise UserError("standard output is closed (>&-): write the output to a file with -o FILE")
-    if output != "-":
-        check_output_path(output)
-
-
-def need_documents_extra(module: str, what: str) -> None:
-    """Refuse `what` (e.g. "translating a .docx") where the documents extra is not installed."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise UserError(f"{what} needs the documents extra ({module} is missing): pip install 'seq2seq[documents]'")
 
 
 def _load(config: Path, overrides: list[str] | None):
@@ -362,31 +336,13 @@ def score(
     from seq2seq_cli.fileio import terminate_as_interrupt
     from seq2seq_cli.run.loaded import load_run
 
-    from_stdin = input is not None and str(input) == "-"
-    check_streams("-" if from_stdin else None, output)
-    if from_stdin and (src is not None or tgt is not None):
-        raise UserError("give the pairs as --input PAIRS.tsv (source<TAB>target a line), or as --src FILE and --tgt FILE")
-    # the files are checked before a model loads; stdin is read as the pairs are scored
-    pairs = stdin_pairs() if from_stdin else read_pairs(input, src, tgt)
+    pairs, inputs = score_inputs(input, src, tgt, output, read_pairs)  # the files are checked before a model loads
     where = pick_device(device, setting="--device")
     runs = [load_run(m, where) for m in (model, reverse_model) if m is not None]
-    inputs = {flag: path for flag, path in (("--input", input), ("--src", src), ("--tgt", tgt))
-              if path is not None and not (flag == "--input" and from_stdin)}
     with terminate_as_interrupt():  # SIGTERM removes the temporary file of -o, as Ctrl-C does
         count = score_pairs(runs, where, pairs, output, batch_tokens, inputs, src_lang, tgt_lang)
     if output != "-":
         typer.echo(f"wrote {count} scores to {output}", err=True)
-
-
-def stdin_pairs():
-    """The pairs of stdin, source<TAB>target a line, read as they are scored."""
-    from seq2seq_cli.fileio import stdin_lines
-
-    for number, line in enumerate(stdin_lines(sys.stdin.buffer), start=1):
-        parts = line.split("\t")
-        if len(parts) != 2:
-            raise UserError(f"<stdin>:{number}: expected 2 tab-separated columns (source, target), found {len(parts)}")
-        yield parts[0], parts[1]
 
 
 @app.command()
@@ -438,19 +394,7 @@ def import_(
 
 
 def main() -> None:
-    from seq2seq_cli.fileio import guard_standard_streams, silence_stdout
-
-    guard_standard_streams()
-    try:
-        app(prog_name="seq2seq")
-    finally:
-        try:  # what stdout still holds, written while a reader is there to take it
-            if sys.stdout is not None:
-                sys.stdout.flush()
-        except BrokenPipeError:
-            silence_stdout()
-            raise SystemExit(141) from None  # quietly, as a process ended by SIGPIPE
-
+    run_guarded(app)
 
 if __name__ == "__main__":
     main()

@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 
 from seq2seq_cli.choices import Engine
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import silence_stdout, stdout_reader_gone
+from seq2seq_cli.stdio import silence_stdout, stdout_reader_gone
 
 
 class OneLineErrors(TyperGroup):
