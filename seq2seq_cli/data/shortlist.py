@@ -1,8 +1,10 @@
 """A lexical shortlist: for each source subword, the target subwords likely to translate it.
 
-Decoding with `--shortlist` scores at each step only the target subwords the batch's source
-subwords list, plus the most frequent target subwords, instead of the whole vocabulary (what
-Marian's `--shortlist` and CTranslate2's vocabulary map do). On a small model the output
+Decoding with `--shortlist` scores at each step only the target subwords the sentence's source
+subwords list, plus the most frequent target subwords, instead of the whole vocabulary (as
+Marian's `--shortlist` and CTranslate2's vocabulary map do, though those take the union of a
+whole batch's lists, so that a sentence's output depends on the sentences decoded with it; here
+each sentence keeps its own). On a small model the output
 layer is half of a decoding step's work, so a shortlist makes a step that much cheaper; the
 search itself is unchanged, over fewer candidates.
 
@@ -32,7 +34,7 @@ from torch import Tensor
 
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.fileio import atomic_write_text
-from seq2seq_cli.ids import EOS, UNK
+from seq2seq_cli.ids import EOS, PAD, UNK
 
 BEST = 50  # target subwords kept per source subword
 FREQUENT = 100  # commonest target subwords, always candidates
@@ -64,6 +66,17 @@ class Shortlist:
             found = self.targets[base + torch.arange(total)]
             return torch.cat([self.always, found]).unique()
         return self.always
+
+    def per_sentence(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Source ids (B, S), padded with PAD -> the sorted union of the sentences' candidates
+        (C,), and which of them each sentence's own ids give (B, C) bool: a search scores the
+        union once and each sentence only its own, so that its output is the one it gets alone."""
+        own = [self.candidates(row[row != PAD]) for row in src.cpu()]
+        vocab = torch.cat(own).unique()
+        allowed = torch.zeros(len(own), vocab.numel(), dtype=torch.bool)
+        for b, ids in enumerate(own):
+            allowed[b, torch.searchsorted(vocab, ids)] = True
+        return vocab, allowed
 
 
 def build(pairs: Iterable[tuple[Sequence[int], Sequence[int]]], src_size: int, tgt_size: int,

@@ -10,7 +10,9 @@ limit; an output that reaches its own sentence's limit, or holds a token our sea
 (padding, the decoder start token), is decoded again by our search. So are sentences with a
 forced prefix or constraints, and sampling, the gnmt length penalty, n-gram bans, ban_unk, a
 minimum length and n-best lists, which CTranslate2 does otherwise (`why_not`). With the
-shortlist (`decode.shortlist`) the run's shortlist is CTranslate2's vocabulary map (`use_vmap`).
+shortlist (`--shortlist`) the run's shortlist is CTranslate2's vocabulary map (`use_vmap`), and
+each sentence is decoded in a batch of its own: CTranslate2 scores a batch over the union of its
+sentences' candidates, and a sentence's output would then depend on the others.
 Compute type: float32, or int8 with `--quantize int8`; bfloat16 with `--precision bf16`; on
 CUDA, float16 or bfloat16 as `--precision` says.
 
@@ -93,6 +95,8 @@ class CTranslate2Engine:
         several = self.batches is not None and len(ids) > 1
         translator = self.batches if several else self.translator
         split = -(-len(ids) // self.workers) if several else 0
+        if self.use_vmap:  # each sentence alone, with its own candidates (see the module's docstring)
+            split = 1
         results = translator.translate_batch(
             pieces, max_batch_size=split, beam_size=opts.beam_size, num_hypotheses=nbest, length_penalty=opts.length_penalty,
             max_decoding_length=max(limits) + 1, return_scores=True, max_input_length=0,

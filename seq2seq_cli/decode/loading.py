@@ -30,7 +30,6 @@ from seq2seq_cli.decode.shortlisting import read_shortlist, shortlist_of, shortl
 from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_precision
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import sha256
 from seq2seq_cli.languages import run_pairs
 from seq2seq_cli.run.loaded import RunFiles, open_run
 
@@ -87,7 +86,7 @@ def choose(models: Sequence[str | Path], device: str, overrides: Mapping[str, ob
     models = list(models)
     overrides = dict(overrides or {})
     if engine is Engine.torch:
-        return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag))
+        return Choice(Translator.load(models, device, overrides).with_tag(tag))
     why = None
     if len(models) > 1:
         if engine is Engine.ctranslate2:
@@ -100,7 +99,7 @@ def choose(models: Sequence[str | Path], device: str, overrides: Mapping[str, ob
     elif engine is Engine.auto and per_line:
         why = per_line
     if why is not None:
-        return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), why)
+        return Choice(Translator.load(models, device, overrides).with_tag(tag), why)
     files = open_run(models[0])
     decode = decode_settings(files.config.decode, overrides, int(files.meta["tgt_vocab"]), flag_name)
     if on_cpu_without_torch(device):
@@ -110,7 +109,7 @@ def choose(models: Sequence[str | Path], device: str, overrides: Mapping[str, ob
 
         why = why_not(decode, nbest)
         if why is not None:
-            return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), why)
+            return Choice(Translator.load(models, device, overrides).with_tag(tag), why)
     try:
         if on_cpu_without_torch(device):
             return Choice(with_engine_on_cpu(files, decode).with_tag(tag))
@@ -118,7 +117,7 @@ def choose(models: Sequence[str | Path], device: str, overrides: Mapping[str, ob
     except UserError as exc:
         if engine is Engine.ctranslate2:
             raise
-        return Choice(Translator.load(models, device, overrides, auto_shortlist=True).with_tag(tag), str(exc))
+        return Choice(Translator.load(models, device, overrides).with_tag(tag), str(exc))
 
 
 def on_cpu_without_torch(device: str) -> bool:
@@ -151,28 +150,26 @@ def with_engine_on_device(model: str | Path, device: str, overrides: dict[str, o
     from seq2seq_cli.decode.ctranslate2_engine import claim_threads, with_ctranslate2
 
     threads = claim_threads()
-    translator = Translator.load([model], device, overrides, auto_shortlist=True)
+    translator = Translator.load([model], device, overrides)
     return with_ctranslate2(translator, model, threads)
 
 
 def load_checked(files: RunFiles) -> LoadedRun:
     """The run `files` describe, loaded (float32, on the CPU) and verified, with torch's threads
-    left to CTranslate2 (`claim_threads`); a UserError where its checkpoint changed since."""
+    left to CTranslate2 (`claim_threads`): the weights `files` were opened with, which the
+    engine holds, even where training has replaced the checkpoint since (`load_opened`)."""
     from seq2seq_cli.decode.ctranslate2_engine import claim_threads
-    from seq2seq_cli.run.loaded import load_run
+    from seq2seq_cli.run.loaded import load_opened
 
     claim_threads()
-    run = load_run(files.checkpoint, "cpu")
-    if sha256(files.checkpoint) != files.weights_sha256:  # the engine holds the weights of the start
-        raise UserError(f"{files.checkpoint}: replaced since the run was loaded; start again to decode with the new one")
-    return run
+    return load_opened(files, "cpu")
 
 
 def deferred_translator(files: RunFiles, decode: DecodeConfig, run: Deferred[LoadedRun]) -> Translator:
     """The translator of the run `files` describe, on the CPU, whose model is `run`'s, loaded
     and packed for decoding the first time our searches need it (`Translator.load` packs it at
     once)."""
-    shortlist = shortlist_of(files.layout, decode, 1, auto=True)  # the commands take the run's by default
+    shortlist = shortlist_of(files.layout, decode, 1)
 
     def load_model() -> Decoder:
         import torch

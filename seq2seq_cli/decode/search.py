@@ -75,7 +75,8 @@ def start_state(model: Decoder, src: Tensor, rows: int, room: int) -> State:
     memory, src_mask, _ = model.encode(src)
     state = _decoder_state(model, memory, src_mask, rows, room)
     if model.candidates is not None:
-        model.limit_vocabulary(state, model.candidates(src).to(src.device))
+        vocab, allowed = model.candidates(src)
+        model.limit_vocabulary(state, vocab.to(src.device), allowed)
     return state
 
 

@@ -38,10 +38,10 @@ def shortlist_of(layout: RunLayout, decode: DecodeConfig, models: int, auto: boo
 
 
 def shortlisted(model: Seq2SeqTransformer, shortlist: Shortlist) -> Seq2SeqTransformer:
-    """A copy of `model` (sharing everything) whose searches score only the target ids
-    `shortlist` gives each batch's source ids (`Seq2SeqTransformer.candidates`)."""
+    """A copy of `model` (sharing everything) whose searches score for each sentence only the
+    target ids `shortlist` gives its source ids (`Seq2SeqTransformer.candidates`)."""
     listed = copy.copy(model)
-    listed.candidates = shortlist.candidates
+    listed.candidates = shortlist.per_sentence
     return listed
 
 

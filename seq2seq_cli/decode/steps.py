@@ -100,6 +100,9 @@ def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
     h, _ = model.decode(last, state, incremental=True)
     if state.vocab is not None:  # a shortlist: the softmax over its ids, the others -inf
         listed = model.shortlist_logits(h[:, -1], state).float()  # (N, C)
+        if state.vocab_mask is not None:  # each sentence's rows (consecutive, as many each) its own ids only
+            mask = state.vocab_mask  # (B, C)
+            listed.view(mask.size(0), -1, mask.size(1)).add_(mask[:, None, :])
         lprobs = listed.new_full((listed.size(0), model.tgt_embed.tokens.num_embeddings), NEG_INF)  # (N, V)
         return lprobs.index_copy_(1, state.vocab, torch.log_softmax(listed, dim=-1))
     logits = model.logits(h[:, -1]).float()  # (N, V)

@@ -87,12 +87,10 @@ class Translator:
     @classmethod
     def load(
         cls, model_path: str | Path | Sequence[str | Path], device: str = "auto", overrides: dict[str, object] | None = None,
-        auto_shortlist: bool = False,
     ) -> Translator:
         """Load a run directory or checkpoint, or several as an ensemble (a list of two or
         more); `overrides` (DecodeConfig keys) replace the (first) run's decode settings and
-        are validated like the config. `auto_shortlist`: decode with the run's shortlist where it
-        has one and the settings do not say otherwise (what the commands do)."""
+        are validated like the config."""
         from seq2seq_cli.decode.ensemble import Ensemble, check_member
         from seq2seq_cli.decode.onednn import for_decoding
         from seq2seq_cli.device import decoding_dtype, pick_device
@@ -102,7 +100,7 @@ class Translator:
         dev = pick_device(device, setting="--device")
         run = load_run(paths[0], dev)
         decode = decode_settings(run.config.decode, overrides or {}, int(run.meta["tgt_vocab"]), flag_name)
-        shortlist = shortlist_of(run.layout, decode, len(paths), auto_shortlist)
+        shortlist = shortlist_of(run.layout, decode, len(paths))
         runs = [run]
         for path in paths[1:]:
             runs.append(load_run(path, dev))
@@ -299,18 +297,24 @@ class Translator:
 
     def _search(self, rows: list[int], ids: list[list[int]], out: list[list[Hypothesis]], nbest: int, first_line: int,
                 prefixes: list[list[int]] | None) -> None:
-        """Our search over the lines `rows` (one batch)."""
+        """Our search over the lines `rows` (one batch); with a shortlist, the lines with a
+        prefix apart, over the whole vocabulary (a prefix's tokens may be off the shortlist)."""
         from seq2seq_cli.data.batching import pad_batch
         from seq2seq_cli.decode.search import search
 
-        src = pad_batch([ids[i] for i in rows], [], []).to(self.device)
-        lines_of = [first_line + i for i in rows]
-        if prefixes:  # a prefix's tokens may be off the shortlist: the whole vocabulary
-            found = search(self.model, src, self.decode, nbest, lines_of, [prefixes[i] for i in rows])
-        else:
-            found = search(self.listed or self.model, src, self.decode, nbest, lines=lines_of)
-        for i, hyps in zip(rows, found):
-            out[i] = hyps
+        forced = [i for i in rows if prefixes and prefixes[i]] if self.listed is not None else rows
+        free = [i for i in rows if i not in set(forced)]
+        for part, model in ((forced, self.model), (free, self.listed or self.model)):
+            if not part:
+                continue
+            src = pad_batch([ids[i] for i in part], [], []).to(self.device)
+            lines_of = [first_line + i for i in part]
+            if prefixes:
+                found = search(model, src, self.decode, nbest, lines_of, [prefixes[i] for i in part])
+            else:
+                found = search(model, src, self.decode, nbest, lines=lines_of)
+            for i, hyps in zip(part, found):
+                out[i] = hyps
 
     def _search_constrained(self, held: list[int], ids: list[list[int]], out: list[list[Hypothesis]], nbest: int,
                             constraints: list[Phrases], word_start: Tensor | None) -> None:

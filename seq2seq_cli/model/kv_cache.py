@@ -103,6 +103,7 @@ class DecoderState:
     vocab: Tensor | None = None  # (C,) the target ids this batch may produce (a shortlist); None = all
     vocab_weight: Tensor | None = None  # (C, D) their rows of the output layer
     vocab_bias: Tensor | None = None  # (C,) their logits bias, where the model has one
+    vocab_mask: Tensor | None = None  # (B, C) 0 where a sentence may produce the id, -inf where not; None: all may
 
     def preallocate(self, rows: int, positions: int, heads: int, k_size: int, v_size: int) -> None:
         """Allocate each layer's self-attention cache once for up to `rows` decoder rows and
@@ -130,3 +131,5 @@ class DecoderState:
         for c in self.layers:
             c.cross_k, c.cross_v = c.cross_k.index_select(0, sentences), c.cross_v.index_select(0, sentences)
         self.src_mask = self.src_mask.index_select(0, sentences)
+        if self.vocab_mask is not None:
+            self.vocab_mask = self.vocab_mask.index_select(0, sentences)

@@ -207,8 +207,9 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, tgt_vocab, bias=False)
         # Decoding copies only (`decode.shortlist`): source ids (B, S) -> the target ids (C,) a
-        # search of them scores (`limit_vocabulary`); None: the whole vocabulary.
-        self.candidates: Callable[[Tensor], Tensor] | None = None
+        # search of them scores and which of them each sentence may produce (B, C) bool
+        # (`limit_vocabulary`); None: the whole vocabulary.
+        self.candidates: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None
         # A fixed (not trained) bias on the logits, as Marian's final_logits_bias; zero unless loaded.
         self.logits_bias: Tensor | None
         if cfg.logits_bias:
@@ -270,12 +271,15 @@ class Seq2SeqTransformer(nn.Module):
         logits = F.linear(h, self.tgt_embed.tokens.weight) if self.output is None else self.output(h)
         return logits if self.logits_bias is None else logits + self.logits_bias
 
-    def limit_vocabulary(self, state: DecoderState, vocab: Tensor) -> None:
-        """Let `state`'s steps score only the target ids `vocab` (C,) (`shortlist_logits`)."""
+    def limit_vocabulary(self, state: DecoderState, vocab: Tensor, allowed: Tensor | None = None) -> None:
+        """Let `state`'s steps score only the target ids `vocab` (C,) (`shortlist_logits`), each
+        sentence only those of them `allowed` (B, C) bool gives it (None: all)."""
         tied = self.cfg.tie_embeddings
         # a decoding copy's output layer keeps its plain weight beside its packed one
         weight = self.tgt_embed.tokens.weight if tied else cast(Tensor, self.output.weight)  # type: ignore[union-attr]
         state.vocab = vocab
+        state.vocab_mask = None if allowed is None or bool(allowed.all()) else \
+            torch.zeros(allowed.shape, device=vocab.device).masked_fill_(~allowed.to(vocab.device), float("-inf"))
         state.vocab_weight = weight.index_select(0, vocab)  # (C, D)
         state.vocab_bias = None if self.logits_bias is None else self.logits_bias.index_select(0, vocab)
 

@@ -157,7 +157,7 @@ def test_translate_with_shortlist_and_a_prefix_off_it(run_dir, tmp_path):
     translator = Translator.load(run_dir, "cpu", {"shortlist": True})
     listed = translator.listed
     ids = translator.encode(["Dios"])
-    cand = set(listed.candidates(torch.tensor(ids)).tolist())
+    cand = set(listed.candidates(torch.tensor(ids))[0].tolist())
     off = next(i for i in range(4, translator.tgt_sp.get_piece_size()) if i not in cand)
     hyps = translator.translate_hypotheses(["Dios"], ids=ids, prefixes=[[off]])
     assert hyps[0][0].tokens[0] == off

@@ -1,6 +1,6 @@
 """With no flags, translate, evaluate and serve take the fastest path that gives our answers:
-CTranslate2 where it can decode the run and the options, the run's shortlist where it has one,
-and the first log line says which; flags turn each off. The CTranslate2 model is converted once
+CTranslate2 where it can decode the run and the options, over the whole vocabulary (the run's
+shortlist with `--shortlist`), and the first log line says which; flags turn each off. The CTranslate2 model is converted once
 into the run (RUN/ctranslate2/NAME-SHA/), atomically, and a later start loads it without torch."""
 
 import json
@@ -68,18 +68,20 @@ def first_line(run_dir: Path, *flags: str, command: str = "translate") -> tuple[
     return r.exit_code, next((line for line in shown if line.strip()), "")
 
 
-def test_no_flags_decode_with_ctranslate2_and_the_shortlist_and_say_so(run_dir):
+def test_no_flags_decode_with_ctranslate2_over_the_whole_vocabulary_and_say_so(run_dir):
     assert (run_dir / "shortlist.tsv").is_file()
-    assert first_line(run_dir) == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2, shortlist)")
-    assert first_line(run_dir, "--full-vocabulary") == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2)")
-    assert first_line(run_dir, "--engine", "torch") == (0, f"translating with {run_dir} (es -> en, our searches, shortlist)")
+    assert first_line(run_dir) == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2)")
+    assert first_line(run_dir, "--shortlist") == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2, shortlist)")
+    assert first_line(run_dir, "--engine", "torch") == (0, f"translating with {run_dir} (es -> en, our searches)")
+    assert first_line(run_dir, "--engine", "torch", "--shortlist") == (
+        0, f"translating with {run_dir} (es -> en, our searches, shortlist)")
     code, line = first_line(run_dir, "--sampling")
-    assert code == 0 and line.endswith("our searches, shortlist, not CTranslate2: sampling draws from each line's own "
+    assert code == 0 and line.endswith("our searches, not CTranslate2: sampling draws from each line's own "
                                        "seeded generator)")
     code, line = first_line(run_dir, "--nbest", "2")
     assert code == 0 and "our searches" in line and "n-best" in line
     code, line = first_line(run_dir, command="evaluate")
-    assert (code, line) == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2, shortlist)")
+    assert (code, line) == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2)")
 
 
 def test_translate_evaluate_and_serve_default_to_auto():
@@ -99,7 +101,7 @@ def test_the_output_is_what_the_same_engine_gives_in_process(run_dir, tmp_path):
                                  "--no-progress"])
     assert r.exit_code == 0, r.output
     choice = load_translator([run_dir])
-    assert choice.translator.engine is not None and choice.translator.shortlist_file is not None
+    assert choice.translator.engine is not None and choice.translator.shortlist_file is None
     assert out.read_text(encoding="utf-8").splitlines() == choice.translator.translate(LINES)
 
 
@@ -228,7 +230,7 @@ def test_without_ctranslate2_auto_decodes_with_our_searches(run_dir, monkeypatch
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails
     choice = load_translator([run_dir])
     assert choice.translator.engine is None
-    assert choice.describe() == "es -> en, our searches, shortlist, not CTranslate2: ctranslate2 is not installed"
+    assert choice.describe() == "es -> en, our searches, not CTranslate2: ctranslate2 is not installed"
 
 
 @pytest.mark.parametrize("a,b", [(0.0, 0), (1.2, 10), (0.5, 1), (2.7, 3), (1000.0, 1_000_000), (1.1, 0)])
