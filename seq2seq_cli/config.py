@@ -206,8 +206,8 @@ class DecodeConfig(Section):
     )
     quantize: Literal["none", "int8"] = Field("none", description="int8: linear layers in int8 when decoding on CPU")
     shortlist: bool | None = Field(
-        None, description="score only the target subwords the run's shortlist gives the source's subwords (RUN/shortlist.tsv); "
-        "null = where the run has one, true = required, false = the whole vocabulary"
+        None, description="score only the target subwords the run's shortlist gives each sentence's own source subwords "
+        "(RUN/shortlist.tsv): true (an error where the run has none); null and false = the whole vocabulary"
     )
 
     @model_validator(mode="after")

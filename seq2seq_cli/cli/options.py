@@ -101,7 +101,7 @@ DECODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "batch_tokens": (("--batch-tokens",), "Source tokens per batch, as CTranslate2 counts them (each sentence decodes beam-size rows). Default: decode.batch_tokens."),
     "precision": (("--precision",), "auto, fp32, bf16 or fp16: the weights and activations of decoding (auto: bf16 on CUDA, fp32 on CPU; fp16 on CUDA only). Default: decode.precision."),
     "quantize": (("--quantize",), "none, or int8: linear layers in int8 (CPU only), faster at a small cost in quality. Default: decode.quantize."),
-    "shortlist": (("--shortlist/--full-vocabulary",), "Score only the target subwords the run's lexical shortlist (RUN/shortlist.tsv, written by train) gives the source's subwords, plus the commonest ones: faster steps on small models (Marian's --shortlist); --shortlist on a run without one is an error. Default: decode.shortlist, where null (the default) is the shortlist when the run has one."),
+    "shortlist": (("--shortlist/--full-vocabulary",), "Score only the target subwords the run's lexical shortlist (RUN/shortlist.tsv, written by train) gives each sentence's own source subwords, plus the commonest ones: faster steps for a lone sentence on a small model (Marian's --shortlist); --shortlist on a run without one is an error. Default: decode.shortlist, where null (the default) is the whole vocabulary."),
 }
 
 
