@@ -9,16 +9,21 @@ same vocabulary sizes and, where the checkpoint records them, the same files (sh
 
 `open_run(path) -> RunFiles` checks the same without reading the weights (nor importing torch):
 what a decoder that has the model in another form (CTranslate2's) needs, the weights' sha256
-included.
+included. It keeps the checkpoint file open, so that `load_opened` loads the weights it hashed
+even after training has replaced the checkpoint (a new best is linked in under the old name:
+the file opened keeps the old weights): the model loaded later, when a sentence first needs our
+searches, is the one the engine converted at start.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from seq2seq_cli.config import Config
 from seq2seq_cli.config_load import validate_config
@@ -72,6 +77,7 @@ class RunFiles:
     src_sp: Any
     tgt_sp: Any
     weights_sha256: str  # of the checkpoint's weights file
+    held: IO[bytes] | None = field(default=None, repr=False, compare=False)  # that file, open since it was hashed
 
     @property
     def layout(self) -> RunLayout:
@@ -80,9 +86,15 @@ class RunFiles:
 
 def open_run(path: str | Path) -> RunFiles:
     """The run (or checkpoint) at `path` checked as `load_run` checks it, but for the weights'
-    values (finite): UserError naming the file on any problem. Imports no torch."""
+    values (finite): UserError naming the file on any problem. Imports no torch. The checkpoint
+    file stays open (`RunFiles.held`) for `load_opened`."""
     run_dir, ckpt = resolve_checkpoint(path)
-    digest = sha256(ckpt)
+    held: IO[bytes] | None
+    try:
+        held = open(ckpt, "rb")  # noqa: SIM115 (held open with the RunFiles: its weights as hashed)
+        digest = hashlib.file_digest(held, "sha256").hexdigest()
+    except OSError:
+        held, digest = None, sha256(ckpt)
     if ckpt.with_suffix(MANIFEST).is_file():
         problem = verify_checkpoint(ckpt.parent, ckpt.stem, need_state=False, weights_sha256=digest)
         if problem is not None:
@@ -93,9 +105,42 @@ def open_run(path: str | Path) -> RunFiles:
     config = embedded_config(meta, run_dir, ckpt)
     t = config.tokenizer
     src_sp, tgt_sp = load_tokenizers(run_dir, t.joint, t.vocabulary)
-    files = RunFiles(config, meta, run_dir, ckpt, src_sp, tgt_sp, digest)
+    files = RunFiles(config, meta, run_dir, ckpt, src_sp, tgt_sp, digest, held)
     check_tokenizers(files)
     return files
+
+
+def load_opened(files: RunFiles, device: str | torch.device = "cpu") -> LoadedRun:
+    """The run `files` describe, loaded and verified as `load_run` loads it, with the weights
+    `open_run` hashed: read from the file it holds open, which keeps them where training has
+    since linked a new checkpoint in under the same name. A UserError where they are gone (the
+    file written over in place, or not held open)."""
+    from seq2seq_cli.model.transformer import build_model
+
+    source = _held_path(files)
+    if source is None:  # not held open: the checkpoint as it is, where it still holds those weights
+        run = load_run(files.checkpoint, device)
+        if sha256(files.checkpoint) != files.weights_sha256:
+            raise UserError(f"{files.checkpoint}: replaced since the run was loaded; start again to decode with the "
+                            "new one")
+        return run
+    if sha256(source) != files.weights_sha256:
+        raise UserError(f"{files.checkpoint}: written over since the run was loaded, its weights then gone; start "
+                        "again to decode with the new ones")
+    meta = files.meta
+    model = build_model(files.config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
+    load_weights(model, source, device)
+    check_finite(model, files.checkpoint)
+    return LoadedRun(files.config, model.to(device).eval(), meta, files.run_dir, files.checkpoint, files.src_sp,
+                     files.tgt_sp)
+
+
+def _held_path(files: RunFiles) -> Path | None:
+    """A path that opens the file `files` holds open (/dev/fd/N), or None where there is none."""
+    if files.held is None or files.held.closed:
+        return None
+    path = Path(f"/dev/fd/{files.held.fileno()}")
+    return path if os.path.exists(path) else None
 
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:

@@ -4,12 +4,16 @@ flight are answered, the decoding thread finishes, and the process exits 0."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from seq2seq_cli.choices import Engine
 from seq2seq_cli.errors import UserError
@@ -26,6 +30,55 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+
+
+def head_deadline(timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request's head: a connection
+    whose request line and headers have not all arrived `timeout_s` after it opened (or after
+    the first byte of its next request) is answered 408 and closed. uvicorn times out only idle
+    connections between requests (keep-alive) and the body (`parse.read_body`): a head sent a
+    byte at a time, or never ended, would hold its connection for good."""
+    message = json.dumps({"error": f"the request's headers did not arrive within {timeout_s:g} s"}).encode()
+    answer = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+              b"content-length: " + str(len(message)).encode() + b"\r\n\r\n" + message)
+
+    class HeadDeadline(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_timer is None and self._awaiting_head():  # the first bytes of a next request
+                self._arm()
+            super().data_received(data)
+            if not self._awaiting_head():
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _awaiting_head(self) -> bool:
+            return self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expired(self) -> None:
+            self._head_timer = None
+            if self._awaiting_head() and not self.transport.is_closing():
+                self.transport.write(answer)
+                self.transport.close()
+
+    return HeadDeadline
 
 
 def read_api_keys(path: Path) -> frozenset[str]:
@@ -81,7 +134,8 @@ def serve(models: list[Path], device: str, decode: dict[str, object], host: str,
     if settings.max_loaded is None:
         state.pool.load_all()  # a bad run fails here, before the port opens
     state.detector.prepare()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(settings.timeout_s) + 5,
+                            http=head_deadline(settings.timeout_s))
     server = _Server(config)
     bound = sock.getsockname()
     described = describe_runs(state.pool)

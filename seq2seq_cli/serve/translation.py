@@ -76,13 +76,13 @@ async def libretranslate(request: Request) -> JSONResponse:
     for source in dict.fromkeys(sources):  # the texts of each source language together
         mine = [i for i, s in enumerate(sources) if s == source]
         route = route_of(state, source, target)
+        # sentences joined back into lines, or html with its markup: the same with alternatives or without
+        for i, text in zip(mine, await translate_texts(state, route, [texts[i] for i in mine], fmt)):
+            out_texts[i] = text
         if alternatives:
-            texts_alts = await with_alternatives(state, route, [lines[i] for i in mine], alternatives)
-            for i, (text, alts) in zip(mine, texts_alts):
-                out_texts[i], out_alts[i] = text, alts
-        else:  # sentences joined back into lines, or html with its markup
-            for i, text in zip(mine, await translate_texts(state, route, [texts[i] for i in mine], fmt)):
-                out_texts[i] = text
+            candidates = await with_alternatives(state, route, [lines[i] for i in mine], alternatives)
+            for i, others in zip(mine, candidates):
+                out_alts[i] = [text for text in others if text != out_texts[i]][:alternatives]
     single = isinstance(data["q"], str)
     body: dict[str, Any] = {"translatedText": out_texts[0] if single else out_texts}
     if alternatives:
@@ -92,10 +92,10 @@ async def libretranslate(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-async def with_alternatives(state: AppState, route: Route, lines: list[list[str]],
-                            alternatives: int) -> list[tuple[str, list[str]]]:
-    """Each text (its lines) translated whole line by line, with `alternatives` more
-    translations from the n-best list of the route's last leg."""
+async def with_alternatives(state: AppState, route: Route, lines: list[list[str]], alternatives: int) -> list[list[str]]:
+    """The `alternatives` + 1 best translations of each text (its lines, each translated whole),
+    from the n-best lists of the route's last leg (the beam raised to hold them): the
+    alternatives are those of them that are not the text's translation."""
     run = route.last.run
     decode_cfg = run.decode
     if not decode_cfg.sampling and decode_cfg.beam_size < alternatives + 1:
@@ -108,8 +108,8 @@ async def with_alternatives(state: AppState, route: Route, lines: list[list[str]
         mine = results[start : start + len(ls)]
         start += len(ls)
         ranks = [[h["translation"] for h in r.get("nbest", [r])] for r in mine]
-        out.append(("\n".join(r["translation"] for r in mine),
-                    ["\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks) for k in range(1, alternatives + 1)]))
+        out.append(list(dict.fromkeys("\n".join(rs[k] if k < len(rs) else rs[0] for rs in ranks)
+                                      for k in range(alternatives + 1))))
     return out
 
 
