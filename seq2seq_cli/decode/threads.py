@@ -5,7 +5,8 @@ than they save."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -33,4 +34,26 @@ def one_thread() -> Iterator[None]:
     try:
         yield
     finally:
+        torch.set_num_threads(threads)
+
+
+def decode_on_threads(batches: list[list[int]], decode: Callable[[list[int]], None], device: torch.device) -> None:
+    """Run `decode` over `batches`: on a CPU the threads decode batches side by side, one thread
+    each (`spread`), a lone batch on one (`one_thread`)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        for rows in batches:
+            decode(rows)
+        return
+    batches = spread(batches, threads)
+    if len(batches) <= 1:  # one batch, or none (blank lines only)
+        with one_thread():
+            for rows in batches:
+                decode(rows)
+        return
+    pool = ThreadPoolExecutor(min(threads, len(batches)), initializer=torch.set_num_threads, initargs=(1,))
+    try:
+        list(pool.map(decode, batches))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # stopped (Ctrl-C, SIGTERM): no batch waiting starts
         torch.set_num_threads(threads)

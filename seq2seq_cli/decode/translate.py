@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -266,7 +265,9 @@ class Translator:
             for rows in batches:
                 decode(rows)
             return out
-        self._decode_on_threads(batches, decode)
+        from seq2seq_cli.decode.threads import decode_on_threads
+
+        decode_on_threads(batches, decode, self.device)
         return out
 
     def _blank(self, blank: list[int], out: list[list[Hypothesis]], nbest: int, engine: SearchEngine | None,
@@ -328,33 +329,6 @@ class Translator:
         found = constrained_beam_search(self.model, src, self.decode, constraints, nbest, word_start)
         for i, hyps in zip(held, found):
             out[i] = hyps + [NO_HYPOTHESIS] * (nbest - len(hyps))
-
-    def _decode_on_threads(self, batches: list[list[int]], decode: Callable[[list[int]], None]) -> None:
-        """Run `decode` over `batches`: on CPU the threads decode batches side by side, one thread
-        each: the matrices of a decoding step are too small to keep several threads busy on one
-        of them, and their handshakes at every op cost more than they save (a lone sentence too
-        decodes on one)."""
-        import torch
-
-        from seq2seq_cli.decode.threads import one_thread, spread
-
-        threads = torch.get_num_threads()
-        if self.device.type != "cpu" or threads == 1:
-            for rows in batches:
-                decode(rows)
-            return
-        batches = spread(batches, threads)
-        if len(batches) <= 1:  # one batch, or none (blank lines only)
-            with one_thread():
-                for rows in batches:
-                    decode(rows)
-            return
-        pool = ThreadPoolExecutor(min(threads, len(batches)), initializer=torch.set_num_threads, initargs=(1,))
-        try:
-            list(pool.map(decode, batches))
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)  # stopped (Ctrl-C, SIGTERM): no batch waiting starts
-            torch.set_num_threads(threads)
 
     def word_start(self) -> Tensor:
         """(V,) the target tokens that begin a word or hold no letter or digit (see

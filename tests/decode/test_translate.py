@@ -230,17 +230,17 @@ def test_bf16_decoding_from_the_cli_follows_float32(run_dir, sentences, tmp_path
 def test_batches_decoded_side_by_side_on_cpu_threads_equal_one_at_a_time(run_dir, sentences, monkeypatch):
     import torch
 
-    import seq2seq_cli.decode.translate as translate_module
+    import seq2seq_cli.decode.threads as threads_module
 
     tr = Translator.load(run_dir, "cpu", {"beam_size": 3, "batch_tokens": 48, "shortlist": False})  # batches of their own
     pools = []
-    real_pool = translate_module.ThreadPoolExecutor
+    real_pool = threads_module.ThreadPoolExecutor
 
     def counting_pool(*args, **kwargs):
         pools.append(args[0])
         return real_pool(*args, **kwargs)
 
-    monkeypatch.setattr(translate_module, "ThreadPoolExecutor", counting_pool)
+    monkeypatch.setattr(threads_module, "ThreadPoolExecutor", counting_pool)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
