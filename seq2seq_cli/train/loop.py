@@ -8,9 +8,10 @@ cross-entropy -> Adam with inverse-sqrt warmup -> checkpoints and metrics.jsonl.
 `log_progress`, `validate_and_save` and `should_stop` until the run's budget is spent, and
 `finish` logs the updates since the last record and validates the last step. Beside the loop:
 the learning rate of each update (`schedule.py`), validation (`validation.py`), Ctrl-C and
-SIGTERM taken between updates (`signals.py`). `TrainState` (in `state.py`) is the record of
-where training stands: its `state_dict()` is what a checkpoint's training state holds, beside
-the optimizer's and the scaler's.
+SIGTERM taken between updates (`signals.py`), updates skipped for a non-finite loss or gradient
+(`nonfinite.py`). `TrainState` (in `state.py`) is the record of where training stands: its
+`state_dict()` is what a checkpoint's training state holds, beside the optimizer's and the
+scaler's.
 
 Under `torchrun` the same loop runs in every process (see `distributed.py`): the batches of
 each update are dealt out to the processes, gradients are summed across them (DDP), and
@@ -38,7 +39,6 @@ from seq2seq_cli.config import Config
 from seq2seq_cli.data.batching import Batch, BatchPlan, collate, epoch_batches
 from seq2seq_cli.data.corpora import drawn_per_corpus
 from seq2seq_cli.device import limit_kernel_caches
-from seq2seq_cli.errors import UserError
 from seq2seq_cli.run import checkpoint as ckpt
 from seq2seq_cli.train import distributed
 from seq2seq_cli.train.distributed import Processes
@@ -46,6 +46,7 @@ from seq2seq_cli.train.ema import update_average
 from seq2seq_cli.train.loss import batch_loss
 from seq2seq_cli.train.memory import give_back_freed
 from seq2seq_cli.train.metrics import plot_curves, read_metrics
+from seq2seq_cli.train.nonfinite import report_nonfinite, settle
 from seq2seq_cli.train.schedule import update_lr
 from seq2seq_cli.train.setup import Run, setup_run
 from seq2seq_cli.train.signals import StopRequest, stop_on_signals
@@ -134,8 +135,9 @@ def one_update(run: Run, state: TrainState, batches: BatchPlan) -> Outcome:
     Without a loss scaler nothing is read from the device: whether the update is finite is
     decided there, the fused optimizer skips a non-finite one there (its `found_inf`), and
     `run.tally` keeps the sums and the skips for the host to read every log_every updates
-    (`settle`). `state.step` counts the updates taken, a skipped one included. With fp16's
-    loss scaler the host reads the scaler's verdict at once (one sync an update)."""
+    (`settle`, in `nonfinite.py`). `state.step` counts the updates taken, a skipped one
+    included. With fp16's loss scaler the host reads the scaler's verdict at once (one sync an
+    update)."""
     t, procs, optimizer, scaler = run.config.train, run.procs, run.optimizer, run.scaler
     first = state.batch_in_epoch
     update = batches[first : first + t.update_freq * procs.world]
@@ -188,43 +190,6 @@ def scaled_step(run: Run, state: TrainState, sums: UpdateSums) -> Outcome:
     for key, value in zip(("loss", "nll", "tokens", "src_tokens"), (*losses, sums.tokens, sums.src_tokens)):
         state.window[key] += value
     return Outcome.APPLIED
-
-
-def settle(run: Run, state: TrainState) -> None:
-    """Read what the updates since the last reading did (one host sync): their sums go into
-    the logging window, skipped updates into the counters and a warning; after
-    train.max_nonfinite skipped in a row, the run stops."""
-    read = run.tally.read() if run.tally is not None else None
-    if read is None:
-        return
-    for key in ("loss", "nll", "tokens", "src_tokens"):
-        state.window[key] += read[key]
-    state.counters["skipped_nonfinite"] += int(read["skipped"])
-    state.consecutive_bad = int(read["in_a_row"])
-    if read["skipped"]:
-        run.log(f"warning: non-finite loss or gradients in {int(read['skipped'])} of the updates up to step "
-                f"{state.step}; skipped ({state.counters['skipped_nonfinite']} so far)")
-    if read["most_in_a_row"] >= run.config.train.max_nonfinite:
-        stop_nonfinite(run, state, int(read["most_in_a_row"]))
-
-
-def report_nonfinite(run: Run, state: TrainState) -> None:
-    """Warn about a skipped update (fp16); stop the run after train.max_nonfinite in a row."""
-    run.log(f"warning: non-finite loss or gradients at step {state.step + 1}; batch skipped "
-            f"({state.counters['skipped_nonfinite']} so far)")
-    if state.consecutive_bad >= run.config.train.max_nonfinite:
-        stop_nonfinite(run, state, state.consecutive_bad)
-
-
-def stop_nonfinite(run: Run, state: TrainState, in_a_row: int) -> None:
-    last = run.layout.last
-    saved = (f"stopped without saving, so {last} is the last good state" if last.is_file()
-             else "stopped before any checkpoint was saved")
-    raise UserError(
-        f"non-finite loss or gradients in {in_a_row} consecutive updates up to step {state.step}; "
-        f"{saved}; "
-        "lower train.lr, raise train.warmup_steps or set train.clip_norm"
-    )
 
 
 def log_progress(run: Run, state: TrainState, bar: tqdm, plain: bool = False, final: bool = False) -> None:

@@ -17,7 +17,7 @@ from helpers import SHIPPED, train_shipped_tiny
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 from fastapi.testclient import TestClient  # noqa: E402
-from test_serve import Server  # noqa: E402
+from serve_helpers import Server  # noqa: E402
 
 from seq2seq_cli.choices import Engine  # noqa: E402
 from seq2seq_cli.fileio import sha256  # noqa: E402

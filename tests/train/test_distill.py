@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from distill_helpers import DOCUMENTED, REFUSALS, student_yaml
 from sacrebleu.metrics import CHRF
 from typer.testing import CliRunner
 
-from helpers import REPO, documented_errors, one_error_line
+from helpers import documented_errors, one_error_line
 from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
 from seq2seq_cli.documents.sentences import Splitter, plan
@@ -22,24 +23,10 @@ from seq2seq_cli.fileio import read_lines, sha256
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run.loaded import open_run
 from seq2seq_cli.train import distill as distilling
+from seq2seq_cli.train import teacher as teaching
 from seq2seq_cli.train.distill_choice import closest_line
 
 runner = CliRunner()
-
-
-def student_yaml(tmp_path: Path, corpus_dir: Path, teacher: Path | None, **train) -> Path:
-    """configs/student.yaml shrunk to the tiny corpus: a 2+1-layer student of `teacher`."""
-    raw = yaml.safe_load((REPO / "configs" / "student.yaml").read_text(encoding="utf-8"))
-    raw["run_dir"] = str(tmp_path / "student")
-    for split in ("train", "valid", "test"):
-        raw["data"][split] = str(corpus_dir / split)
-    raw["model"].update({"d_model": 32, "heads": 2, "ffn_size": 64, "encoder_layers": 2, "decoder_layers": 1})
-    raw["train"].update({"max_steps": 6, "valid_every": 3, "max_minutes": None, "tensorboard": False, "plot": False,
-                         "warmup_steps": 2, **train})
-    raw["distill"]["teacher"] = None if teacher is None else str(teacher)
-    path = tmp_path / "student.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
 
 
 class Counting:
@@ -59,27 +46,27 @@ class Counting:
 
 @pytest.fixture
 def teacher_translate(tiny_run):
-    translate, path = distilling.teacher_translate(open_run(tiny_run), None)
+    translate, path = teaching.teacher_translate(open_run(tiny_run), None)
     assert "searched by" in path or "our searches" in path
     return translate
 
 
 def test_an_interrupted_teachers_pass_resumes_without_translating_a_line_twice(
         tiny_run, corpus_dir, tmp_path, teacher_translate, monkeypatch):
-    monkeypatch.setattr(distilling, "CHUNK", 64)
+    monkeypatch.setattr(teaching, "CHUNK", 64)
     config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run))
     _, teacher = distilling.student_config(config)
     first = Counting(teacher_translate, stop_at=4)
     with pytest.raises(KeyboardInterrupt):
-        distilling.teacher_passes(config, teacher, first, progress=False)
-    out = distilling.distilled_path(config, 0)
+        teaching.teacher_passes(config, teacher, first, progress=False)
+    out = teaching.distilled_path(config, 0)
     partial = out.with_name(out.name + ".partial")
     assert first.lines == 3 * 64 and not out.exists()
     assert len(read_lines(partial)) == 3 * 64
     with open(partial, "ab") as f:  # a process killed while writing its 4th chunk leaves a torn row behind
         f.write(b'{"es": "torn')
     second = Counting(teacher_translate)
-    distilling.teacher_passes(config, teacher, second, progress=False)
+    teaching.teacher_passes(config, teacher, second, progress=False)
     assert first.lines + second.lines == 400  # the corpus's 400 lines, each once
     resumed = [json.loads(line) for line in read_lines(out)]
     assert [r["es"] for r in resumed] == read_lines(corpus_dir / "train.es")
@@ -87,23 +74,23 @@ def test_an_interrupted_teachers_pass_resumes_without_translating_a_line_twice(
     again = tmp_path / "again"
     again.mkdir()
     whole = load_config(student_yaml(again, corpus_dir, tiny_run))
-    distilling.teacher_passes(whole, teacher, teacher_translate, progress=False)
-    assert read_lines(distilling.distilled_path(whole, 0)) == read_lines(out)  # as if never stopped
+    teaching.teacher_passes(whole, teacher, teacher_translate, progress=False)
+    assert read_lines(teaching.distilled_path(whole, 0)) == read_lines(out)  # as if never stopped
     third = Counting(teacher_translate)
-    distilling.teacher_passes(config, teacher, third, progress=False)
+    teaching.teacher_passes(config, teacher, third, progress=False)
     assert third.lines == 0  # complete: nothing translated again
 
 
 def test_a_pass_of_another_teacher_starts_over(tiny_run, corpus_dir, tmp_path, teacher_translate, monkeypatch):
-    monkeypatch.setattr(distilling, "CHUNK", 100)
+    monkeypatch.setattr(teaching, "CHUNK", 100)
     config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run))
     _, teacher = distilling.student_config(config)
     with pytest.raises(KeyboardInterrupt):
-        distilling.teacher_passes(config, teacher, Counting(teacher_translate, stop_at=2), progress=False)
+        teaching.teacher_passes(config, teacher, Counting(teacher_translate, stop_at=2), progress=False)
     teacher.weights_sha256 = "0" * 64  # the teacher trained on meanwhile
     said: list[str] = []
     fresh = Counting(teacher_translate)
-    distilling.teacher_passes(config, teacher, fresh, progress=False, log=said.append)
+    teaching.teacher_passes(config, teacher, fresh, progress=False, log=said.append)
     assert fresh.lines == 400
     assert any("another teacher checkpoint" in line for line in said), said
 
@@ -182,8 +169,6 @@ def test_bad_distillation_is_one_line(case, tiny_run, corpus_dir, tmp_path):
 
 
 def test_every_error_case_is_documented():
-    from test_distill_hostile import DOCUMENTED, REFUSALS
-
     assert set(documented_errors("Distillation")) == set(ERROR_CASES) | set(REFUSALS) | DOCUMENTED
 
 
@@ -232,7 +217,7 @@ def test_the_sources_are_read_a_chunk_at_a_time_and_hashed_as_one_text():
     import datasets
 
     lines = [f"línea {i}" for i in range(70_000)]
-    sources = distilling.Sources(datasets.Dataset.from_dict({"src": lines, "tgt": lines}).select(range(3, 70_000)))
+    sources = teaching.Sources(datasets.Dataset.from_dict({"src": lines, "tgt": lines}).select(range(3, 70_000)))
     assert len(sources) == 69_997 and sources[0:2] == lines[3:5] and sources[69_990:80_000] == lines[69_993:]
     assert sources.sha256() == hashlib.sha256("\n".join(lines[3:]).encode()).hexdigest()
 
@@ -262,8 +247,8 @@ def test_the_kept_line_is_one_of_the_n_best_and_no_further_from_the_reference_th
     teacher = open_run(tiny_run)
     sources = read_lines(corpus_dir / "train.es")[:48]
     targets = read_lines(corpus_dir / "train.en")[:48]
-    best, _ = distilling.teacher_translate(teacher, 4, 1)
-    kept_of_4, path = distilling.teacher_translate(teacher, 4, 4)
+    best, _ = teaching.teacher_translate(teacher, 4, 1)
+    kept_of_4, path = teaching.teacher_translate(teacher, 4, 4)
     assert "closest to its original target (chrF) of the 4 best" in path
     firsts, kept = best(sources, targets), kept_of_4(sources, targets)
     assert all(chrf(k, ref) >= chrf(f, ref) - 1e-9 for k, f, ref in zip(kept, firsts, targets, strict=True))
@@ -285,18 +270,18 @@ def test_the_kept_line_is_one_of_the_n_best_and_no_further_from_the_reference_th
 
 
 def test_a_pass_chosen_from_another_nbest_starts_over(tiny_run, corpus_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(distilling, "CHUNK", 100)
+    monkeypatch.setattr(teaching, "CHUNK", 100)
     config = load_config(student_yaml(tmp_path, corpus_dir, tiny_run))
     _, teacher = distilling.student_config(config)
     echo = lambda sources, targets: [s.upper() for s in sources]  # noqa: E731
     with pytest.raises(KeyboardInterrupt):
-        distilling.teacher_passes(config, teacher, Counting(echo, stop_at=3), progress=False)
-    progress = distilling.distilled_path(config, 0).with_name("train-1.progress.json")
+        teaching.teacher_passes(config, teacher, Counting(echo, stop_at=3), progress=False)
+    progress = teaching.distilled_path(config, 0).with_name("train-1.progress.json")
     assert json.loads(progress.read_text())["nbest"] == config.distill.nbest == 8
     fewer = config.model_copy(update={"distill": config.distill.model_copy(update={"nbest": 1})})
     said: list[str] = []
     fresh = Counting(echo)
-    distilling.teacher_passes(fewer, teacher, fresh, progress=False, log=said.append)
+    teaching.teacher_passes(fewer, teacher, fresh, progress=False, log=said.append)
     assert fresh.lines == 400
     assert any("chosen from the teacher's 8 best, not 1; the pass starts over" in line for line in said), said
     assert "nbest" not in json.loads(progress.read_text())  # nbest 1 records as before nbest was kept

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_distill import student_yaml
+from distill_helpers import REFUSALS, student_yaml
 from typer.testing import CliRunner
 
 from helpers import one_error_line, subprocess_env, train_shipped_tiny
@@ -29,6 +29,7 @@ from seq2seq_cli.fileio import read_lines, sha256
 from seq2seq_cli.layout import RunLayout
 from seq2seq_cli.run.loaded import open_run
 from seq2seq_cli.train import distill as distilling
+from seq2seq_cli.train import teacher as teaching
 
 runner = CliRunner()
 
@@ -49,7 +50,7 @@ def test_a_teacher_named_by_its_step_checkpoint_translates_with_that_checkpoint(
     sources = read_lines(corpus_dir / "train.es")[:24]
     teacher = open_run(step)
     assert teacher.checkpoint == step and teacher.weights_sha256 == sha256(step)
-    translate, _ = distilling.teacher_translate(teacher, None)
+    translate, _ = teaching.teacher_translate(teacher, None)
     splitter = Splitter("es")
     own = translate_sentences(load_translator([step]).translator.translate, sources, splitter)
     best = translate_sentences(load_translator([stepped_run]).translator.translate, sources, splitter)
@@ -134,14 +135,14 @@ def test_a_teacher_whose_conversion_was_cut_short_is_converted_again(tiny_run, c
     teacher = tmp_path / "teacher"
     shutil.copytree(tiny_run, teacher, ignore=shutil.ignore_patterns("ctranslate2"))
     sources = read_lines(corpus_dir / "train.es")[:16]
-    first, path = distilling.teacher_translate(open_run(teacher), None)
+    first, path = teaching.teacher_translate(open_run(teacher), None)
     assert "CTranslate2" in path
     want = first(sources, sources)
     (converted,) = (teacher / "ctranslate2").iterdir()
     with open(converted / "model.bin", "r+b") as f:
         f.truncate(1000)
     (converted / "config.json").unlink()
-    again, _ = distilling.teacher_translate(open_run(teacher), None)
+    again, _ = teaching.teacher_translate(open_run(teacher), None)
     assert again(sources, sources) == want
 
 
@@ -190,13 +191,6 @@ def test_sigkill_to_distill_ends_the_teachers_process_and_frees_the_run(tiny_run
             proc.kill()
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)  # the group this test started
-
-
-DOCUMENTED = {"teacher-changed"}  # docs/errors.md's rows of this file, with REFUSALS
-REFUSALS = {
-    "student-inside-teacher": ("inside", "is inside its teacher's run", "give the student a run of its own"),
-    "beam-over-vocabulary": ("nbest", "distill.nbest: a beam of 5000", "larger than the teacher's target vocabulary"),
-}
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
