@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from seq2seq_cli.errors import UserError
-from seq2seq_cli.fileio import BOM
+from seq2seq_cli.fileio import BOM, MAX_LINE_BYTES, line_too_long, read_line
 
 CHUNK_LINES = 10000  # lines of a file or pipe read, sorted by length and batched at a time
 
@@ -44,8 +44,8 @@ def _readable_now(fd: int) -> bool:
 def stdin_chunks(stream: BinaryIO, chunk_lines: int) -> Iterator[list[str]]:
     """The lines of `stream` (stdin's bytes) in chunks of those available now: each chunk
     is yielded once no more input is waiting (or it holds `chunk_lines`). A stream without a
-    file descriptor is read in chunks of `chunk_lines`. Invalid UTF-8 is a UserError
-    naming <stdin> and the line."""
+    file descriptor is read in chunks of `chunk_lines`. Invalid UTF-8, or a line of more than
+    MAX_LINE_BYTES bytes, is a UserError naming <stdin> and the line."""
     try:
         fd = stream.fileno()
     except (OSError, AttributeError, ValueError):
@@ -53,7 +53,7 @@ def stdin_chunks(stream: BinaryIO, chunk_lines: int) -> Iterator[list[str]]:
     number = 0
     chunk: list[str] = []
     if fd < 0:
-        for raw in stream:
+        while raw := read_line(stream, STDIN, number + 1):
             number += 1
             chunk.append(decode_line(raw, number))
             if len(chunk) >= chunk_lines:
@@ -70,8 +70,12 @@ def stdin_chunks(stream: BinaryIO, chunk_lines: int) -> Iterator[list[str]]:
             *lines, pending = pending.split(b"\n")
         else:
             lines, pending = ([pending] if pending else []), b""
+        if len(pending) > MAX_LINE_BYTES:  # a line is never held whole past the bound
+            raise line_too_long(STDIN, number + len(lines) + 1)
         for raw in lines:
             number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise line_too_long(STDIN, number)
             chunk.append(decode_line(raw, number))
             if len(chunk) >= chunk_lines:
                 yield chunk

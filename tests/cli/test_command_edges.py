@@ -74,6 +74,12 @@ CASES: dict[str, tuple[str | Callable[[Path], list[str]], str]] = {
     "input-line-too-long": (lambda ws: cli(ws, "translate", "-m", "WS/run", "-i", "WS/nul.txt", "--engine", "torch"),
                             "WS/nul.txt:2: line longer than 1048576 bytes (1 MiB), the most a line may hold; "
                             "expected one sentence a line (a file without newlines, or not text?)"),
+    "stdin-line-too-long": ("seq2seq translate -m run --engine torch < nul.txt",
+                            "<stdin>:2: line longer than 1048576 bytes (1 MiB), the most a line may hold; "
+                            "expected one sentence a line (a file without newlines, or not text?)"),
+    "stdin-pipe-line-too-long": ("head -c 3145728 /dev/zero | seq2seq translate -m run --engine torch",
+                                 "<stdin>:1: line longer than 1048576 bytes (1 MiB), the most a line may hold; "
+                                 "expected one sentence a line (a file without newlines, or not text?)"),
     "score-stdin-columns": ("printf 'hola\\thello\\nadiós\\n' | seq2seq score -m run -i - --device cpu",
                             "<stdin>:2: expected 2 tab-separated columns (source, target), found 1"),
 }
