@@ -4,8 +4,9 @@ translator's beam and greedy searches run by CTranslate2.
 The run's checkpoint is converted as `export --format ctranslate2` converts it, once, and kept
 in the run (`seq2seq_cli/convert/ctranslate2_cache.py`: RUN/ctranslate2/NAME-SHA/); later starts
 load that folder as it is, without torch. CTranslate2 then decodes the same model with the same
-settings as our search: beam size, length penalty (the `average` form) and each sentence's
-output limit (a * source + b tokens, then EOS). It decodes each batch with the batch's longest
+settings as our search: beam size, length penalty (the `average` form), each sentence's
+output limit (a * source + b tokens, then EOS) and no minimum length (CTranslate2's default of
+one token would never give the empty output our search gives where it is the best). It decodes each batch with the batch's longest
 limit; an output that reaches its own sentence's limit, or holds a token our search bans
 (padding, the decoder start token), is decoded again by our search. So are sentences with a
 forced prefix or constraints, and sampling, the gnmt length penalty, n-gram bans, ban_unk, a
@@ -99,7 +100,7 @@ class CTranslate2Engine:
             split = 1
         results = translator.translate_batch(
             pieces, max_batch_size=split, beam_size=opts.beam_size, num_hypotheses=nbest, length_penalty=opts.length_penalty,
-            max_decoding_length=max(limits) + 1, return_scores=True, max_input_length=0,
+            max_decoding_length=max(limits) + 1, min_decoding_length=0, return_scores=True, max_input_length=0,
             use_vmap=self.use_vmap,
         )
         return [self._hypotheses(r, limit, opts, nbest) for r, limit in zip(results, limits)]

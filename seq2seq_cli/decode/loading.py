@@ -56,7 +56,9 @@ class Choice:
         parts = [f"{src} -> {tgt}", f"searched by {t.engine.name}" if t.engine is not None else "our searches"]
         if t.shortlist_file is not None:
             parts.append("shortlist")
-        if t.decode.quantize != "none":
+        if t.decode.quantize != "none" and t.engine is not None:  # CTranslate2's int8 is not ours
+            parts.append(f"{t.decode.quantize} as CTranslate2 quantizes (outputs differ from --engine torch's)")
+        elif t.decode.quantize != "none":
             parts.append(t.decode.quantize)
         if self.why:
             parts.append(f"not CTranslate2: {self.why}")

@@ -84,6 +84,14 @@ def test_no_flags_decode_with_ctranslate2_over_the_whole_vocabulary_and_say_so(r
     assert (code, line) == (0, f"translating with {run_dir} (es -> en, searched by CTranslate2)")
 
 
+def test_int8_says_whose_quantization_decodes(run_dir):
+    assert first_line(run_dir, "--quantize", "int8") == (
+        0, f"translating with {run_dir} (es -> en, searched by CTranslate2, int8 as CTranslate2 quantizes "
+           "(outputs differ from --engine torch's))")
+    assert first_line(run_dir, "--quantize", "int8", "--engine", "torch") == (
+        0, f"translating with {run_dir} (es -> en, our searches, int8)")
+
+
 def test_translate_evaluate_and_serve_default_to_auto():
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     for name in ("translate", "evaluate", "serve"):
