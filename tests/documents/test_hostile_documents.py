@@ -310,27 +310,19 @@ def test_a_missing_output_directory_is_refused_for_every_format(run_dir, tmp_pat
     assert not (tmp_path / "nodir").exists()
 
 
-def test_translate_file_writes_lf_as_translate_does(run_dir, client, tmp_path):
-    text = "Hola mundo.\r\nY dijo Dios: Sea la luz.\r\n\r\nAdiós.\r\n"
-    src, out = tmp_path / "crlf.txt", tmp_path / "crlf.en.txt"
+@pytest.mark.parametrize("name, text, newlines", [
+    ("crlf.txt", "Hola mundo.\r\nY dijo Dios: Sea la luz.\r\n\r\nAdiós.\r\n", 4),  # LF written, as translate writes
+    ("last.txt", "Hola mundo.\n\nY dijo Dios: Sea la luz.", 3),  # the last line ended, as translate ends it
+])
+def test_translate_file_gives_the_bytes_translate_writes(run_dir, client, tmp_path, name, text, newlines):
+    src, out = tmp_path / name, tmp_path / f"{name}.en"
     src.write_bytes(text.encode())
     r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--beam-size", "2",
                             "--engine", "torch", "--full-vocabulary"])  # the served translator's path
     assert r.exit_code == 0, r.output
-    served = download(client, "crlf.txt", text.encode())
-    assert b"\r" not in served and served == out.read_bytes()
-    assert served.count(b"\n") == 4
-
-
-def test_a_text_without_a_final_newline_gives_the_same_bytes_from_translate_and_translate_file(run_dir, client, tmp_path):
-    text = "Hola mundo.\n\nY dijo Dios: Sea la luz."
-    src, out = tmp_path / "last.txt", tmp_path / "last.en.txt"
-    src.write_bytes(text.encode())
-    r = runner.invoke(app, ["translate", "-m", str(run_dir), "-i", str(src), "-o", str(out), "--beam-size", "2",
-                            "--engine", "torch", "--full-vocabulary"])  # the served translator's path
-    assert r.exit_code == 0, r.output
-    served = download(client, "last.txt", text.encode())
-    assert served == out.read_bytes() and served.endswith(b"\n") and served.count(b"\n") == 3
+    served = download(client, name, text.encode())
+    assert served == out.read_bytes() and b"\r" not in served
+    assert served.endswith(b"\n") and served.count(b"\n") == newlines
 
 
 def download(client, name: str, data: bytes) -> bytes:
