@@ -131,8 +131,16 @@ def load_opened(files: RunFiles, device: str | torch.device = "cpu") -> LoadedRu
     model = build_model(files.config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
     load_weights(model, source, device)
     check_finite(model, files.checkpoint)
+    if not files.checkpoint.with_suffix(MANIFEST).is_file():
+        warn_unverified(files.checkpoint)
     return LoadedRun(files.config, model.to(device).eval(), meta, files.run_dir, files.checkpoint, files.src_sp,
                      files.tgt_sp)
+
+
+def warn_unverified(ckpt: Path) -> None:
+    """The warning for a checkpoint loaded without its manifest."""
+    print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix(MANIFEST).name}), so the weights cannot be fully "
+          "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
 
 
 def _held_path(files: RunFiles) -> Path | None:
@@ -172,8 +180,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     load_weights(model, ckpt, device)
     check_finite(model, ckpt)
     if not manifest:
-        print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix(MANIFEST).name}), so the weights cannot be fully "
-              "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
+        warn_unverified(ckpt)
     return LoadedModel(config, model.to(device).eval(), meta, run_dir, ckpt)
 
 
