@@ -303,9 +303,11 @@ class Translator:
         from seq2seq_cli.data.batching import pad_batch
         from seq2seq_cli.decode.search import search
 
-        forced = [i for i in rows if prefixes and prefixes[i]] if self.listed is not None else rows
-        free = [i for i in rows if i not in set(forced)]
-        for part, model in ((forced, self.model), (free, self.listed or self.model)):
+        listed = self.listed
+        forced = [i for i in rows if prefixes and prefixes[i]] if listed is not None else rows
+        taken = set(forced)
+        free = [i for i in rows if i not in taken]
+        for part, model in ((forced, self.model), (free, listed or self.model)):
             if not part:
                 continue
             src = pad_batch([ids[i] for i in part], [], []).to(self.device)
