@@ -76,12 +76,13 @@ def assert_same(a: Path, b: Path) -> None:
     assert ra == [{**r, "elapsed_s": x["elapsed_s"], "tokens_per_s": x["tokens_per_s"]} for r, x in zip(rb, ra, strict=True)]
 
 
-def sequence_log_prob(model: Seq2SeqTransformer, src_row: torch.Tensor, tokens: list[int]) -> float:
-    """Sum of log-probabilities of tokens + EOS under the model (full forward, no cache)."""
+def sequence_log_prob(model: Seq2SeqTransformer, src_row: torch.Tensor, tokens: list[int], eos: bool = True) -> float:
+    """Sum of log-probabilities of tokens + EOS (without EOS: `eos` False, an output ended at
+    its limit) under the model (full forward, no cache)."""
     tgt_in = torch.tensor([[BOS] + tokens])
     target = torch.tensor(tokens + [EOS])
     lprobs = torch.log_softmax(model(src_row[None], tgt_in)[0], dim=-1)
-    return lprobs[torch.arange(len(target)), target].sum().item()
+    return lprobs[torch.arange(len(target)), target][: len(target) - (not eos)].sum().item()
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -82,12 +82,12 @@ def step_log_probs(model: Seq2SeqTransformer, src_row: torch.Tensor, prefix: lis
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def score(model: Seq2SeqTransformer, src_row: torch.Tensor, tokens: list[int], opts: DecodeConfig) -> float:
+def score(model: Seq2SeqTransformer, src_row: torch.Tensor, h: Hypothesis, opts: DecodeConfig) -> float:
     """A hypothesis' search score under `model` by forced decoding: log-probability (EOS
-    included) over the length penalty."""
+    included where it ended with one) over the length penalty."""
     with torch.no_grad():
-        log_prob = sequence_log_prob(model, src_row, tokens)
-    return log_prob / length_penalty(len(tokens) + 1, opts.length_penalty, opts.length_penalty_type)
+        log_prob = sequence_log_prob(model, src_row, h.tokens, h.eos)
+    return log_prob / length_penalty(len(h.tokens) + h.eos, opts.length_penalty, opts.length_penalty_type)
 
 
 def assert_same_ties_aside(cpu_model: Seq2SeqTransformer, src: torch.Tensor, want: list[Hypothesis],
@@ -108,7 +108,7 @@ def assert_same_ties_aside(cpu_model: Seq2SeqTransformer, src: torch.Tensor, wan
             x, y = (t[i] if i < len(t) else EOS for t in (a.tokens, b.tokens))
             assert abs(lprobs[x].item() - lprobs[y].item()) <= TIE, (a.tokens, b.tokens, i)
         else:
-            sa, sb = score(cpu_model, row, a.tokens, opts), score(cpu_model, row, b.tokens, opts)
+            sa, sb = score(cpu_model, row, a, opts), score(cpu_model, row, b, opts)
             assert abs(sa - sb) <= TIE, (a.tokens, sa, b.tokens, sb)
     assert identical >= 0.9 * len(want), f"{identical} of {len(want)} identical"
 

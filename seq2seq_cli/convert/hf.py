@@ -173,7 +173,8 @@ def hf_config(model: Any) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_positions, "scale_embedding": cfg.scale_embedding,
         "share_encoder_decoder_embeddings": shared, "tie_word_embeddings": cfg.tie_embeddings,
         "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout, "activation_dropout": cfg.activation_dropout,
-        "pad_token_id": PAD, "eos_token_id": EOS, "forced_eos_token_id": EOS, "decoder_start_token_id": cfg.decoder_start_id,
+        # no EOS forced at max_length: an output still going ends there as our search ends it
+        "pad_token_id": PAD, "eos_token_id": EOS, "forced_eos_token_id": None, "decoder_start_token_id": cfg.decoder_start_id,
     }
 
 

@@ -27,7 +27,8 @@ counting), and a token that starts a phrase starts the first unmet phrase that b
 Output limits: a line's limit (max_len_a * source_len + max_len_b) is raised to the number
 of its constraint tokens when it is lower, and a hypothesis that could not meet its
 remaining phrases within the limit any more is held to constraint tokens, so every
-sentence ends with all its phrases (n-best included).
+sentence ends with all its phrases (n-best included). An output ends at its limit as in
+`search.py` (with the token of the step after it, no EOS), where it holds every phrase.
 
 Shape legend (as in search.py)
     B   sentences still being decoded      K   the constrained beam   V   vocabulary size
@@ -177,8 +178,8 @@ def _restrict(lprobs: Tensor, rows: _Rows, tokens: Tensor, lengths: Tensor, tota
         sub[ei, phrase_start] = kept  # the next phrase may follow at once
         lprobs[er] = sub
     # A row that could no longer meet its phrases within the limit after another token takes
-    # only constraint tokens.
-    held = unmet & (step + 1 + totals - full > limits)
+    # only constraint tokens (the output ends at the step after its limit: steps 0..limit).
+    held = unmet & (step + totals - full > limits)
     if held.any():
         hr, hc = (held[:, None] & allowed).nonzero().unbind(1)
         kept = lprobs[hr, next_tok[hr, hc]]
@@ -240,13 +241,17 @@ def _bank_order(scores: Tensor, bank: Tensor, banks: int) -> Tensor:
 
 
 def _finish(cands: _Candidates, chosen: Tensor, history: Tensor, active: Tensor, K: int, step: int, opts: DecodeConfig,
-            finished: list[list[Hypothesis]], n_finished: Tensor) -> None:
-    """Record the hypotheses that end with EOS among the K first `chosen` (b, M) of each sentence."""
+            finished: list[list[Hypothesis]], n_finished: Tensor, at_limit: Tensor) -> None:
+    """Record the hypotheses that end among the K first `chosen` (b, M) of each sentence: with
+    EOS, or, at the sentence's limit (`at_limit` (b,)), with their token and every phrase met."""
     b, M = chosen.shape
     k = history.size(0) // b
     chosen_scores = cands.scores.gather(1, chosen)
     top = min(K, M)
-    ends = (cands.tok.gather(1, chosen)[:, :top] == EOS) & chosen_scores[:, :top].isfinite()  # (b, K)
+    is_eos = cands.tok.gather(1, chosen)[:, :top] == EOS  # (b, K)
+    flat = torch.arange(b, device=chosen.device)[:, None] * M + chosen[:, :top]  # (b, K) candidate rows
+    cut = at_limit[:, None] & cands.rows.met[flat.view(-1)].all(dim=1).view(b, top)
+    ends = (is_eos | cut) & chosen_scores[:, :top].isfinite()  # (b, K)
     if not ends.any():
         return
     i, j = ends.nonzero().unbind(1)
@@ -254,9 +259,12 @@ def _finish(cands: _Candidates, chosen: Tensor, history: Tensor, active: Tensor,
     n_finished.index_add_(0, sentences, torch.ones_like(sentences))
     ended_rows = i * k + cands.beam[i, chosen[i, j]]
     c = i * M + chosen[i, j]
-    for s, raw, toks, forced, n_forced in zip(sentences.tolist(), chosen_scores[i, j].tolist(), history[ended_rows].tolist(),
-                                              cands.rows.forced_lp[c].tolist(), cands.rows.forced_n[c].tolist()):
-        finished[s].append(Hypothesis(toks, constrained_score(raw, forced, step + 1, n_forced, opts), raw))
+    for s, raw, toks, tok, eos, forced, n_forced in zip(
+        sentences.tolist(), chosen_scores[i, j].tolist(), history[ended_rows].tolist(), cands.tok.view(-1)[c].tolist(),
+        is_eos[i, j].tolist(), cands.rows.forced_lp[c].tolist(), cands.rows.forced_n[c].tolist(),
+    ):
+        score = constrained_score(raw, forced, step + 1, n_forced, opts)
+        finished[s].append(Hypothesis(toks if eos else toks + [tok], score, raw, eos))
 
 
 def _continue(cands: _Candidates, chosen: Tensor, history: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor, _Rows, Tensor]:
@@ -310,11 +318,11 @@ def constrained_beam_search(
     while active.numel():
         sent = active.repeat_interleave(scores.size(1))  # (N,) the sentence of each row
         row_tokens, row_lengths, row_limits = phrase_tokens[sent], phrase_lengths[sent], limits[sent]
-        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts)  # (N, V)
+        lprobs = step_log_probs(model, last, state, step, None, history, opts)  # (N, V)
         next_tok, allowed = _restrict(lprobs, rows, row_tokens, row_lengths, totals[sent], row_limits, step, word_start)
         cands = _candidates(lprobs, scores, rows, row_tokens, row_lengths, next_tok, allowed, K)
         chosen = _bank_order(cands.scores, cands.bank, banks)  # (b, M), best first
-        _finish(cands, chosen, history, active, K, step, opts, finished, n_finished)
+        _finish(cands, chosen, history, active, K, step, opts, finished, n_finished, step >= limits[active])
         scores, rows_next, history, rows, new_tok = _continue(cands, chosen, history, K)
         state.reorder(rows_next)
         state.group = K

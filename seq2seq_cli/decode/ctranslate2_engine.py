@@ -5,10 +5,12 @@ The run's checkpoint is converted as `export --format ctranslate2` converts it, 
 in the run (`seq2seq_cli/convert/ctranslate2_cache.py`: RUN/ctranslate2/NAME-SHA/); later starts
 load that folder as it is, without torch. CTranslate2 then decodes the same model with the same
 settings as our search: beam size, length penalty (the `average` form), each sentence's
-output limit (a * source + b tokens, then EOS) and no minimum length (CTranslate2's default of
-one token would never give the empty output our search gives where it is the best). It decodes each batch with the batch's longest
-limit; an output that reaches its own sentence's limit, or holds a token our search bans
-(padding, the decoder start token), is decoded again by our search. So are sentences with a
+output limit (a * source + b tokens before EOS; an output still going after one more token
+ends there, in both) and no minimum length (CTranslate2's default of one token would never
+give the empty output our search gives where it is the best). The sentences of a batch are
+decoded in groups of one output limit, since CTranslate2 takes one limit per call; an output
+that holds a token our search bans (padding, the decoder start token) is decoded again by
+our search. So are sentences with a
 forced prefix or constraints, and sampling, the gnmt length penalty, n-gram bans, ban_unk, a
 minimum length and n-best lists, which CTranslate2 does otherwise (`why_not`). With the
 shortlist (`--shortlist`) the run's shortlist is CTranslate2's vocabulary map (`use_vmap`), and
@@ -89,21 +91,31 @@ class CTranslate2Engine:
     def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
         limits = [output_limit(len(s), self.cap, opts.max_len_a, opts.max_len_b) for s in ids]
         pieces = [[self.src_pieces[i] for i in s[:-1]] for s in ids]  # CTranslate2 adds the EOS itself
-        # An output of `limit` tokens then EOS is one of max_decoding_length = limit + 1 tokens,
-        # EOS counted; one that reaches its limit is left to our search, which forces EOS there.
+        # Sentences of one output limit L are decoded together, with max_decoding_length = L + 1
+        # (EOS counted): an output still going there ends with that token, as our search ends it.
         # A lone sentence decodes on all threads; several are split among the workers, one
-        # thread each (sorted by length, then cut by CTranslate2's max_batch_size).
+        # thread each (sorted by length, then cut by CTranslate2's max_batch_size); the calls
+        # of the different limits queue on the workers together.
         several = self.batches is not None and len(ids) > 1
         translator = self.batches if several else self.translator
-        split = -(-len(ids) // self.workers) if several else 0
-        if self.use_vmap:  # each sentence alone, with its own candidates (see the module's docstring)
-            split = 1
-        results = translator.translate_batch(
-            pieces, max_batch_size=split, beam_size=opts.beam_size, num_hypotheses=nbest, length_penalty=opts.length_penalty,
-            max_decoding_length=max(limits) + 1, min_decoding_length=0, return_scores=True, max_input_length=0,
-            use_vmap=self.use_vmap,
-        )
-        return [self._hypotheses(r, limit, opts, nbest) for r, limit in zip(results, limits)]
+        groups: dict[int, list[int]] = {}
+        for i, limit in enumerate(limits):
+            groups.setdefault(limit, []).append(i)
+        pending = []
+        for limit, rows in groups.items():
+            split = -(-len(rows) // self.workers) if several else 0
+            if self.use_vmap:  # each sentence alone, with its own candidates (see the module's docstring)
+                split = 1
+            pending.append((limit, rows, translator.translate_batch(
+                [pieces[i] for i in rows], max_batch_size=split, beam_size=opts.beam_size, num_hypotheses=nbest,
+                length_penalty=opts.length_penalty, max_decoding_length=limit + 1, min_decoding_length=0,
+                return_scores=True, max_input_length=0, use_vmap=self.use_vmap, asynchronous=True,
+            )))
+        out: list[list[Hypothesis] | None] = [None] * len(ids)
+        for limit, rows, results in pending:
+            for i, result in zip(rows, results):
+                out[i] = self._hypotheses(result.result(), limit, opts, nbest)
+        return out
 
     def empty_log_prob(self) -> float:
         """The log-probability of the empty output (EOS at once) for an empty source, computed once."""
@@ -113,13 +125,15 @@ class CTranslate2Engine:
 
     def _hypotheses(self, result: Any, limit: int, opts: DecodeConfig, nbest: int) -> list[Hypothesis] | None:
         """One sentence's CTranslate2 result as our hypotheses, or None where our search would
-        differ: an output that reaches `limit`, or holds a token our search bans."""
+        differ: an output that holds a token our search bans. An output of more than `limit`
+        tokens ended at the limit, without EOS."""
         hyps = []
         for toks, score in zip(result.hypotheses, result.scores):
-            if len(toks) >= limit or self.banned.intersection(toks):
+            if self.banned.intersection(toks):
                 return None
-            lp = length_penalty(len(toks) + 1, opts.length_penalty, opts.length_penalty_type)
-            hyps.append(Hypothesis([self.tgt_ids[p] for p in toks], score, score * lp))
+            eos = len(toks) <= limit
+            lp = length_penalty(len(toks) + int(eos), opts.length_penalty, opts.length_penalty_type)
+            hyps.append(Hypothesis([self.tgt_ids[p] for p in toks], score, score * lp, eos))
         return hyps if len(hyps) == nbest else None
 
 

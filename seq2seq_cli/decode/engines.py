@@ -3,7 +3,7 @@
 A `Translator` decodes with its own searches (`seq2seq_cli/decode/search.py`) unless an
 engine is attached to it (`Translator.engine`): then the sentences the engine can decode
 with the request's options go to it, and the rest (forced prefixes, constraints, sampling,
-options it lacks, outputs that reach their limit) to the searches, so every option works
+options it lacks, outputs with a token the searches ban) to the searches, so every option works
 whichever engine is attached. The engine decodes the same weights with the same settings,
 and a sentence gets the output our search would give it. The CTranslate2 engine lives with
 the CTranslate2 converter (`seq2seq_cli/decode/ctranslate2_engine.py`); the command line
@@ -29,7 +29,7 @@ class SearchEngine(Protocol):
     def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
         """Source ids (each ending in EOS, as `Translator.encode` gives them) -> for each
         sentence its `nbest` hypotheses, best first, or None for a sentence left to the
-        searches (its output reached its limit, where engines differ)."""
+        searches (where the engines would differ)."""
 
     def empty_log_prob(self) -> float:
         """The log-probability of the empty output (EOS at once) for an empty source: the score

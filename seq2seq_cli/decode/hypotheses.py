@@ -13,7 +13,8 @@ NEG_INF = float("-inf")
 class Hypothesis:
     tokens: list[int]  # output ids without the start token and EOS
     score: float  # log_prob / length penalty
-    log_prob: float  # sum of token log-probabilities, EOS included
+    log_prob: float  # sum of token log-probabilities, EOS included where it has one
+    eos: bool = True  # it ended with EOS; False: at its output limit, without one
 
 
 NO_HYPOTHESIS = Hypothesis([], NEG_INF, NEG_INF)  # fills n-best lists the search could not fill

@@ -8,8 +8,11 @@ Shape legend
 
 Every search decodes a whole batch at once; sentences that are finished leave the batch
 (the cache is compacted), so late steps only pay for sentences still going. A sentence's
-output is limited to max_len_a * source_len + max_len_b tokens (EOS not counted), after
-which EOS is forced; with min_len, EOS is banned before that many tokens.
+output limit L = max_len_a * source_len + max_len_b counts its tokens before EOS; a
+hypothesis that has not ended by then ends at the step after, with the token it takes
+there and no EOS: its L + 1 tokens, EOS counted where there is one, are what CTranslate2's
+`max_decoding_length` and HF's `max_new_tokens` allow, and they end an output there the same
+way. With min_len, EOS is banned before that many tokens.
 
 The searches decode with the model they are given, or an `Ensemble` of models (see
 `seq2seq_cli/decode/ensemble.py`: each member decodes with its own cache, their
@@ -34,8 +37,9 @@ those, and drops them from the batch. Options that need the host at every step: 
 (each row draws from its own generator) and no_repeat_ngram_size (the n-grams are matched
 on the host).
 
-Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included.
-`score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS:
+Scores: `log_prob` is the sum of the model's token log-probabilities, EOS included where the
+output has one. `score` divides it by the length penalty lp(|Y|), |Y| = output tokens + EOS
+(if any):
     average (fairseq, HF, CTranslate2):  lp = |Y| ** alpha
     gnmt (OpenNMT, JoeyNMT):             lp = ((5 + |Y|) / 6) ** alpha
 """
@@ -113,12 +117,13 @@ def output_room(limits: Tensor) -> int:
 @torch.inference_mode()
 def greedy_search(
     model: Decoder, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None,
-    prefix: Tensor | None = None, every: int | None = None,
+    prefix: Tensor | None = None, every: int | None = None, eos_at_limit: bool = False,
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with the row's generator in
     `generators` (B of them); `prefix` (B, P): forced prefixes (`prefix_tensor`); `every`:
-    steps between the host's looks (default `look_every`)."""
+    steps between the host's looks (default `look_every`); `eos_at_limit`: EOS forced at the
+    limit (a blank line's prefix alone, then EOS: `Translator`)."""
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     B, device = src.size(0), src.device
     every = every or look_every(device)
@@ -130,13 +135,13 @@ def greedy_search(
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (N, t)
     totals = torch.zeros(B, device=device)  # (N,) log-probability so far
-    ended_at = torch.full((B,), -1, dtype=torch.long, device=device)  # (N,) output length when EOS came
+    ended_at = torch.full((B,), -1, dtype=torch.long, device=device)  # (N,) output tokens when the row ended
     ended_total = torch.zeros(B, device=device)  # (N,) log-probability then
     results: list[Hypothesis | None] = [None] * B
     step = 0
     while rows_of:
         forced = forced_tokens(prefix, active, step)
-        lprobs = step_log_probs(model, last, state, step, limits[active], history, opts, forced)
+        lprobs = step_log_probs(model, last, state, step, limits[active] if eos_at_limit else None, history, opts, forced)
         if opts.sampling:
             if generators is None:
                 raise ValueError("sampling needs one generator per row")
@@ -145,8 +150,9 @@ def greedy_search(
         else:
             nxt = lprobs.argmax(dim=-1)  # (N,)
         totals += lprobs.gather(1, nxt[:, None]).squeeze(1)
-        done = (nxt == EOS) & alive
-        ended_at = torch.where(done, step, ended_at)
+        eos = nxt == EOS
+        done = (eos | (step >= limits[active])) & alive  # EOS, or the token at the limit (kept, no EOS)
+        ended_at = torch.where(done, torch.where(eos, step, step + 1), ended_at)
         ended_total = torch.where(done, totals, ended_total)
         alive &= ~done
         history = torch.cat([history, nxt[:, None]], dim=1)
@@ -155,16 +161,22 @@ def greedy_search(
         looked = look(alive, step, every, room)
         if looked is not None:  # finished rows leave the batch
             keep, gone = looked
-            lengths, scores, tokens = (x[gone].tolist() for x in (ended_at, ended_total, history))
-            for i, n, total, toks in zip(gone, lengths, scores, tokens):
-                penalty = length_penalty(n + 1, opts.length_penalty, opts.length_penalty_type)
-                results[rows_of[i]] = Hypothesis(toks[:n], total / penalty, total)
+            lengths, scores, tokens, row_limits = (x[gone].tolist() for x in (ended_at, ended_total, history, limits[active]))
+            for i, n, total, toks, limit in zip(gone, lengths, scores, tokens, row_limits):
+                results[rows_of[i]] = finished_hypothesis(toks[:n], n <= limit, total, opts)
             index = torch.tensor(keep, dtype=torch.long, device=device)
             state.select(index)
             active, alive, last, history, totals, ended_at, ended_total = (
                 x.index_select(0, index) for x in (active, alive, last, history, totals, ended_at, ended_total))
             rows_of = [rows_of[i] for i in keep]
     return results  # type: ignore[return-value]
+
+
+def finished_hypothesis(tokens: list[int], eos: bool, log_prob: float, opts: DecodeConfig) -> Hypothesis:
+    """A hypothesis that ended with EOS (`eos`), or at its limit without one: ranked by the
+    length penalty over its tokens, EOS counted where it has one."""
+    penalty = length_penalty(len(tokens) + int(eos), opts.length_penalty, opts.length_penalty_type)
+    return Hypothesis(tokens, log_prob / penalty, log_prob, eos)
 
 
 def _decoder_state(model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, rows: int, room: int) -> DecoderState:
@@ -188,6 +200,7 @@ class FinishedBeams:
 
     log_prob: Tensor  # (b, 2K+1)
     length: Tensor  # (b, 2K+1) output tokens, EOS not counted
+    eos: Tensor  # (b, 2K+1) ended with EOS (else at the limit, without one)
     tokens: Tensor  # (b, 2K+1, L) L = the longest output allowed
     count: Tensor  # (b,) slots taken
 
@@ -195,34 +208,32 @@ class FinishedBeams:
     def empty(cls, b: int, K: int, room: int, device: torch.device) -> FinishedBeams:
         slots = 2 * K + 1
         return cls(torch.full((b, slots), NEG_INF, device=device), torch.zeros((b, slots), dtype=torch.long, device=device),
+                   torch.zeros((b, slots), dtype=torch.bool, device=device),
                    torch.zeros((b, slots, room), dtype=torch.long, device=device),
                    torch.zeros(b, dtype=torch.long, device=device))
 
-    def add(self, ended: Tensor, log_prob: Tensor, tokens: Tensor, step: int) -> None:
-        """ended: (b, J) which candidates end here, log_prob: (b, J) theirs, tokens: (b, J, t) the
-        output they end (t = step tokens)."""
+    def add(self, ended: Tensor, log_prob: Tensor, tokens: Tensor, eos: Tensor) -> None:
+        """ended: (b, J) which candidates end here, log_prob: (b, J) theirs, tokens: (b, J, t+1)
+        the output so far and the candidate's token, eos: (b, J) the candidate is EOS (its
+        output is then the first t tokens) or not (the output ends at its limit, t+1 tokens)."""
         trash = self.log_prob.size(1) - 1
         dest = torch.where(ended, self.count[:, None] + ended.long().cumsum(1) - 1, trash)  # (b, J)
         self.log_prob.scatter_(1, dest, log_prob)
-        self.length.scatter_(1, dest, step)
-        if tokens.size(2):
-            self.tokens[:, :, : tokens.size(2)].scatter_(1, dest[:, :, None].expand_as(tokens), tokens)
+        self.length.scatter_(1, dest, tokens.size(2) - eos.long())
+        self.eos.scatter_(1, dest, eos)
+        self.tokens[:, :, : tokens.size(2)].scatter_(1, dest[:, :, None].expand_as(tokens), tokens)
         self.count += ended.sum(1)
 
     def select(self, index: Tensor) -> FinishedBeams:
-        return FinishedBeams(*(x.index_select(0, index) for x in (self.log_prob, self.length, self.tokens, self.count)))
+        return FinishedBeams(*(x.index_select(0, index) for x in (self.log_prob, self.length, self.eos, self.tokens, self.count)))
 
     def read(self, groups: list[int], opts: DecodeConfig) -> list[list[Hypothesis]]:
         """The finished hypotheses of batch rows `groups`, in the order they ended (host reads)."""
         index = torch.tensor(groups, dtype=torch.long, device=self.count.device)
-        counts, log_probs, lengths, tokens = (x.index_select(0, index).tolist()
-                                              for x in (self.count, self.log_prob, self.length, self.tokens))
-        out = []
-        for n, raws, lens, toks in zip(counts, log_probs, lengths, tokens):
-            out.append([Hypothesis(toks[j][: lens[j]], raws[j] / length_penalty(lens[j] + 1, opts.length_penalty,
-                                                                                 opts.length_penalty_type), raws[j])
-                        for j in range(n)])
-        return out
+        counts, log_probs, lengths, eos, tokens = (x.index_select(0, index).tolist()
+                                                   for x in (self.count, self.log_prob, self.length, self.eos, self.tokens))
+        return [[finished_hypothesis(toks[j][: lens[j]], ends[j], raws[j], opts) for j in range(n)]
+                for n, raws, lens, ends, toks in zip(counts, log_probs, lengths, eos, tokens)]
 
 
 @torch.inference_mode()
@@ -255,25 +266,27 @@ def beam_search(
     alive = torch.ones(B, dtype=torch.bool, device=device)  # (b,) sentences still searching
     scores = torch.zeros((B, 1), device=device)  # (b, k) running log-probabilities
     history = torch.zeros((B, 0), dtype=torch.long, device=device)  # (b*k, t)
-    finished = FinishedBeams.empty(B, K, room, device)
+    finished = FinishedBeams.empty(B, K, room + 1, device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     last = torch.full((B, 1), model.cfg.decoder_start_id, dtype=torch.long, device=device)  # (b*k, 1)
     step = 0
     while sentences:
         b, k = scores.shape
         sentence_limits = limits[active]  # (b,)
-        row_limits = sentence_limits.repeat_interleave(k)  # (b*k,)
         forced = forced_tokens(prefix, active.repeat_interleave(k), step) if prefix is not None else None
-        lprobs = step_log_probs(model, last, state, step, row_limits, history, opts, forced)  # (b*k, V)
+        lprobs = step_log_probs(model, last, state, step, None, history, opts, forced)  # (b*k, V)
         V = lprobs.size(-1)
         cand = lprobs.view(b, k, V).add_(scores[:, :, None]).view(b, k * V)  # (b, k*V), in place
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == EOS
         first = top_scores[:, :K]  # (b, J) the candidates ranked within the top K, J <= K
-        ended = is_eos[:, :K] & first.isfinite() & alive[:, None]  # (b, J)
-        ended_tokens = history.view(b, k, step).gather(1, top_beam[:, :K, None].expand(b, first.size(1), step))  # (b, J, t)
-        finished.add(ended, first, ended_tokens, step)
+        J = first.size(1)
+        # EOS candidates end here; at a sentence's limit every candidate does, with its token.
+        ended = (is_eos[:, :K] | (step >= sentence_limits)[:, None]) & first.isfinite() & alive[:, None]  # (b, J)
+        ended_tokens = torch.cat([history.view(b, k, step).gather(1, top_beam[:, :K, None].expand(b, J, step)),
+                                  top_tok[:, :K, None]], dim=2)  # (b, J, t+1)
+        finished.add(ended, first, ended_tokens, is_eos[:, :K])
         # The K best candidates that do not end here continue.
         cont_scores, pos = top_scores.masked_fill(is_eos, NEG_INF).topk(K, dim=1)  # (b, K)
         cont_beam, cont_tok = top_beam.gather(1, pos), top_tok.gather(1, pos)
@@ -318,7 +331,7 @@ def sample(
 
 def search(
     model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
-    prefixes: list[list[int]] | None = None, every: int | None = None,
+    prefixes: list[list[int]] | None = None, every: int | None = None, eos_at_limit: bool = False,
 ) -> list[list[Hypothesis]]:
     """Sampling when asked (`lines`: the input line of each sentence, see `sample`), greedy
     search for beam size 1 and one output, beam search otherwise; `prefixes`: target ids each
@@ -327,12 +340,13 @@ def search(
     Always `nbest` hypotheses per sentence: where the output limit leaves fewer distinct
     outputs (a limit of 0 allows only the empty one), the missing ones are empty with score
     and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input.
-    `every`: steps between the host's looks (default `look_every`: 1 on a CPU)."""
+    `every`: steps between the host's looks (default `look_every`: 1 on a CPU); `eos_at_limit`
+    (greedy search only): EOS forced at the limit instead (see `greedy_search`)."""
     prefix = prefix_tensor(prefixes, src.device)
     if opts.sampling:
         found = sample(model, src, opts, nbest, lines, prefix)
     elif opts.beam_size == 1 and nbest == 1:
-        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix, every=every)]
+        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix, every=every, eos_at_limit=eos_at_limit)]
     else:
         found = beam_search(model, src, opts, nbest, prefix, every)
     return [hyps + [NO_HYPOTHESIS] * (nbest - len(hyps)) for hyps in found]

@@ -76,15 +76,16 @@ def forced_tokens(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor
 
 
 def step_log_probs(
-    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor,
+    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor | None,
     history: Tensor, opts: DecodeConfig, forced: Tensor | None = None,
 ) -> Tensor:
     """One decoder step with every constraint applied.
 
-    last: (N, 1) newest tokens, limits: (N,) output limits, history: (N, t) output so far,
+    last: (N, 1) newest tokens, limits: (N,) output limits where EOS is forced (None: nowhere;
+    the searches end an output at its limit themselves), history: (N, t) output so far,
     forced: (N,) a prefix token each row must take (-1: none) or None
     -> log-probabilities (N, V): PAD and the decoder start token (and UNK with ban_unk) banned, EOS banned before
-    min_len, n-gram repeats banned, EOS forced at the limit; a forced row keeps only its token.
+    min_len, n-gram repeats banned, EOS forced at `limits`; a forced row keeps only its token.
     """
     lprobs = next_log_probs(model, last, state)
     return constrain(lprobs, step, limits, history, opts, model.cfg.decoder_start_id, forced)
@@ -111,7 +112,7 @@ def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
 
 
 def constrain(
-    lprobs: Tensor, step: int, limits: Tensor, history: Tensor, opts: DecodeConfig, start_id: int,
+    lprobs: Tensor, step: int, limits: Tensor | None, history: Tensor, opts: DecodeConfig, start_id: int,
     forced: Tensor | None = None,
 ) -> Tensor:
     """The bans and forced tokens of `step_log_probs`, applied in place to log-probabilities (N, V),
@@ -132,9 +133,10 @@ def constrain(
         for row, toks in enumerate(banned_ngram_tokens(history.tolist(), opts.no_repeat_ngram_size)):
             if toks:
                 lprobs[row, toks] = NEG_INF
-    force = (step >= limits)[:, None]  # (N, 1): at the limit only EOS remains, with its own log-probability
-    lprobs.masked_fill_(force, NEG_INF)
-    lprobs[:, EOS] = torch.where(force[:, 0], eos, lprobs[:, EOS])
+    if limits is not None:
+        force = (step >= limits)[:, None]  # (N, 1): at the limit only EOS remains, with its own log-probability
+        lprobs.masked_fill_(force, NEG_INF)
+        lprobs[:, EOS] = torch.where(force[:, 0], eos, lprobs[:, EOS])
     if forced is not None:
         lprobs.masked_fill_(is_forced, NEG_INF)
         lprobs.scatter_(1, tokens, torch.where(is_forced, kept, lprobs.gather(1, tokens)))

@@ -289,10 +289,7 @@ class Translator:
         d = self.decode
         empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
         src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
-        if prefixes:
-            found = search(self.model, src, empty, 1, prefixes=[prefixes[i] for i in blank])
-        else:
-            found = search(self.model, src, empty, 1)
+        found = search(self.model, src, empty, 1, prefixes=[prefixes[i] for i in blank] if prefixes else None, eos_at_limit=True)
         for i, hyps in zip(blank, found):
             out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
 

@@ -101,3 +101,11 @@ def argos_env(tmp_path: Path) -> dict[str, str]:
                # its default, auto, lets CTranslate2 compute in int8 on a CPU that has it; ours is float32
                ARGOS_COMPUTE_TYPE="float32")
     return env
+
+
+def ending_as_ours(hf):
+    """`hf` (a MarianMTModel) generating as this project's search ends an output that reaches
+    its limit: with the token of that step, no EOS (as CTranslate2 does). OPUS-MT's
+    configuration forces EOS there instead (`forced_eos_token_id`); everywhere else the two agree."""
+    hf.generation_config.forced_eos_token_id = None
+    return hf

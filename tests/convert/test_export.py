@@ -35,7 +35,8 @@ def test_ctranslate2_beam_output_equals_ours(run_dir, tmp_path):
     ours = tr.translate_hypotheses(lines)
     ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     pieces = [tr.src_sp.encode(line, out_type=str) for line in lines]
-    theirs = ct.translate_batch(pieces, beam_size=4, length_penalty=1.0, max_decoding_length=limit, return_scores=True)
+    # EOS counted: an output of `limit` tokens and EOS, or one of limit + 1 ended there
+    theirs = ct.translate_batch(pieces, beam_size=4, length_penalty=1.0, max_decoding_length=limit + 1, return_scores=True)
     differ = 0
     for line, o, t in zip(lines, ours, theirs):
         if [tr.tgt_sp.id_to_piece(i) for i in o[0].tokens] == t.hypotheses[0]:
@@ -46,8 +47,9 @@ def test_ctranslate2_beam_output_equals_ours(run_dir, tmp_path):
         src = torch.tensor(tr.encode([line])[0])
         other = [tr.tgt_sp.piece_to_id(p) for p in t.hypotheses[0]]
         with torch.no_grad():
-            mine = sequence_log_prob(tr.model, src, o[0].tokens) / (len(o[0].tokens) + 1)
-            theirs_under_ours = sequence_log_prob(tr.model, src, other) / (len(other) + 1)
+            mine = sequence_log_prob(tr.model, src, o[0].tokens, o[0].eos) / (len(o[0].tokens) + o[0].eos)
+            eos = len(other) <= limit  # a longer output ended at the limit, without EOS
+            theirs_under_ours = sequence_log_prob(tr.model, src, other, eos) / (len(other) + eos)
         assert abs(mine - theirs_under_ours) < 1e-3, (line, mine, theirs_under_ours)
     assert differ <= 2
 
@@ -83,7 +85,7 @@ def test_ctranslate2_export_keeps_the_activation_and_the_logits_bias(activation,
     ours = greedy_search(model, src, DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=12))
     ct = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     pieces = [[vocab[t] for t in row.tolist() if t not in (PAD, EOS)] for row in src]
-    theirs = ct.translate_batch(pieces, beam_size=1, max_decoding_length=12)
+    theirs = ct.translate_batch(pieces, beam_size=1, max_decoding_length=13)  # 12 tokens and EOS, or 13 cut
     assert [[vocab[t] for t in h.tokens] for h in ours] == [t.hypotheses[0] for t in theirs]
 
 

@@ -113,13 +113,13 @@ def test_a_finished_hypothesis_is_scored_with_its_constraint_tokens_outside_the_
     checked = 0
     for row, ps, hyps in zip(src, phrases, constrained_beam_search(model, src, opts, phrases, nbest=3)):
         for h in hyps:
-            lps = _token_log_probs(model, row, h.tokens)
+            lps = _token_log_probs(model, row, h.tokens)[: len(h.tokens) + h.eos]  # EOS where it ended with one
             forced_at = [h.tokens.index(p[0]) for p in ps]  # a one-token phrase is met where it first appears
             forced = sum(lps[i] for i in forced_at)
             assert h.log_prob == pytest.approx(sum(lps), abs=1e-4)
-            free = length_penalty(len(h.tokens) + 1 - len(ps), alpha, kind)
+            free = length_penalty(len(h.tokens) + h.eos - len(ps), alpha, kind)
             assert h.score == pytest.approx((sum(lps) - forced) / free + forced, abs=1e-4)
-            whole = sum(lps) / length_penalty(len(h.tokens) + 1, alpha, kind)
+            whole = sum(lps) / length_penalty(len(h.tokens) + h.eos, alpha, kind)
             checked += h.score != pytest.approx(whole, abs=1e-3)
     assert checked  # the two scores differ on these hypotheses
 
@@ -165,7 +165,7 @@ def test_a_limit_too_short_for_the_constraints_is_raised_to_fit():
     assert limits.tolist() == torch.maximum(max_lengths(src, model, 0.0, 2), totals).tolist()
     for phrases, hyps, limit in zip(CONSTRAINTS, constrained_beam_search(model, src, opts, CONSTRAINTS, 3), limits):
         for h in hyps:
-            assert len(h.tokens) <= limit and all(_holds(h.tokens, p) for p in phrases)
+            assert len(h.tokens) <= limit + (not h.eos) and all(_holds(h.tokens, p) for p in phrases)
 
 
 # --- translate --constraints / --glossary ---------------------------------------------------

@@ -1,7 +1,7 @@
 """`--engine ctranslate2`: CTranslate2 decodes the run's weights with our search's settings,
 so a translator with the engine attached answers as our search does (up to ties of float32
-rounding), and leaves to our search what CTranslate2 would do differently: outputs that reach
-their limit, forced prefixes, sampling, the gnmt penalty. The converted model is written into
+rounding), outputs that reach their limit included, and leaves to our search what CTranslate2
+would do differently: forced prefixes, sampling, the gnmt penalty. The converted model is written into
 the run (RUN/ctranslate2/NAME-SHA/) and nowhere else (tests/decode/test_defaults.py: once, atomically)."""
 
 import re
@@ -69,8 +69,8 @@ def assert_same(ours, theirs, tr: Translator, lines: list[str]) -> None:
             differ += 1
             src = torch.tensor(tr.encode([line])[0])
             with torch.no_grad():
-                mine = sequence_log_prob(tr.model, src, a.tokens) / (len(a.tokens) + 1)
-                other = sequence_log_prob(tr.model, src, b.tokens) / (len(b.tokens) + 1)
+                mine = sequence_log_prob(tr.model, src, a.tokens, a.eos) / (len(a.tokens) + a.eos)
+                other = sequence_log_prob(tr.model, src, b.tokens, b.eos) / (len(b.tokens) + b.eos)
             assert abs(mine - other) < 1e-3, (line, a.tokens, b.tokens)
     assert differ <= 2
 
@@ -114,27 +114,35 @@ def test_several_sentences_are_split_among_one_thread_workers_and_a_lone_one_is_
     assert calls == [("lone", 1, 0)]
 
 
-def test_outputs_that_reach_their_limit_are_left_to_our_search(run_dir):
+def test_outputs_that_reach_their_limit_end_there_as_our_search_ends_them(run_dir):
+    """Every output reaches the limit of 3 tokens: CTranslate2 decodes them all, each ends with
+    a 4th token and no EOS, and they are our search's, scores included."""
     settings = {"beam_size": 4, "max_len_a": 0.0, "max_len_b": 3}
     ours, with_engine, counting = pair(run_dir, settings)
     found = with_engine.engine.search(with_engine.encode(LINES[:5]), with_engine.decode, 1)
-    assert found == [None] * 5  # the untrained-length limit is reached by every sentence
+    assert counting.sentences == 5 and all(h is not None and len(h[0].tokens) == 4 for h in found)
     want = ours.translate_hypotheses(LINES[:5])
-    got = with_engine.translate_hypotheses(LINES[:5])
-    assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
-    assert all(len(h[0].tokens) <= 3 for h in got)
+    assert [h[0].tokens for h in found] == [h[0].tokens for h in want]
+    for line, h in zip(LINES[:5], found):
+        assert h is not None
+        src = torch.tensor(ours.encode([line])[0])
+        with torch.no_grad():
+            assert h[0].log_prob == pytest.approx(sequence_log_prob(ours.model, src, h[0].tokens, eos=False), abs=2e-2)
+    assert [h[0].tokens for h in with_engine.translate_hypotheses(LINES[:5])] == [h[0].tokens for h in want]
+    assert counting.sentences == 10  # the second time too: nothing left to our search
 
 
 def test_a_batch_s_longest_limit_does_not_lengthen_a_short_sentence_s_output(run_dir):
-    # a short sentence and a long one share a batch: CTranslate2 decodes both to the long one's
-    # limit, and the short one's output still keeps to its own
+    # a short sentence and a long one share a batch: CTranslate2 decodes each with its own
+    # limit, so the short one's output keeps to its own, as our search's does
     settings = {"beam_size": 2, "max_len_a": 0.5, "max_len_b": 1}
-    ours, with_engine, _ = pair(run_dir, settings)
+    ours, with_engine, counting = pair(run_dir, settings)
     lines = ["Dios.", " ".join(LINES[:3])]
     got = with_engine.translate_hypotheses(lines)
     limits = [int(0.5 * len(ids) + 1) for ids in with_engine.encode(lines)]
-    assert all(len(h[0].tokens) <= n for h, n in zip(got, limits))
+    assert all(len(h[0].tokens) <= n + 1 for h, n in zip(got, limits))
     assert [h[0].tokens for h in got] == [h[0].tokens for h in ours.translate_hypotheses(lines)]
+    assert counting.sentences == 2
 
 
 @pytest.mark.parametrize("settings,nbest", [

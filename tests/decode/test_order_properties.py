@@ -27,7 +27,7 @@ class EchoTokenizer:
         return "".join(chr(i - 4) for i in ids)
 
 
-def echo_search(model, src: torch.Tensor, opts, nbest: int = 1, lines=None) -> list[list[Hypothesis]]:
+def echo_search(model, src: torch.Tensor, opts, nbest: int = 1, lines=None, **_) -> list[list[Hypothesis]]:
     """Each sentence's 'translation' is its own source (EOS dropped): order errors become visible."""
     out = []
     for row in src.tolist():

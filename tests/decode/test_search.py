@@ -35,13 +35,22 @@ def test_beam_size_one_equals_greedy(seed):
 
 
 @pytest.mark.parametrize("a,b", [(0.0, 3), (1.0, 2), (0.5, 0)])
-def test_max_length_is_never_exceeded(a, b):
+def test_max_length_is_never_exceeded_and_an_output_at_it_ends_without_eos(a, b):
+    """An output holds at most `limit` tokens before EOS; one still going ends with the token
+    of the step after (limit + 1 tokens, EOS counted, as CTranslate2 and HF end it), scored
+    without an EOS."""
     model = tiny_model(seed=5)  # unsharpened: rarely stops on its own, so limits bind
     src = _sources()
     limits = max_lengths(src, model, a, b).tolist()
+    cut = 0
     for hyps in (greedy_search(model, src, opts(a=a, b=b)), [n[0] for n in beam_search(model, src, opts(3, 1.0, a, b))]):
-        for h, limit in zip(hyps, limits):
-            assert len(h.tokens) <= limit
+        for row, h, limit in zip(src, hyps, limits):
+            assert len(h.tokens) <= limit + 1
+            with torch.no_grad():
+                whole = sequence_log_prob(model, row[row != PAD], h.tokens, eos=len(h.tokens) <= limit)
+            assert h.log_prob == pytest.approx(whole, abs=1e-4)
+            cut += len(h.tokens) == limit + 1
+    assert cut  # the limits bind
     assert limits == [int(a * int((row != PAD).sum()) + b) for row in src]
 
 
@@ -53,9 +62,9 @@ def test_scores_are_sorted_and_equal_the_sequence_log_probability():
         scores = [h.score for h in nbest]
         assert scores == sorted(scores, reverse=True)
         for h in nbest:
-            lp = sequence_log_prob(model, row[row != PAD], h.tokens)
+            lp = sequence_log_prob(model, row[row != PAD], h.tokens, h.eos)
             assert h.log_prob == pytest.approx(lp, abs=1e-4)
-            assert h.score == pytest.approx(lp / (len(h.tokens) + 1) ** alpha, abs=1e-4)
+            assert h.score == pytest.approx(lp / (len(h.tokens) + h.eos) ** alpha, abs=1e-4)
 
 
 def test_best_of_nbest_equals_one_best():
@@ -139,7 +148,7 @@ def test_gnmt_length_penalty_is_applied_as_documented():
     alpha = 0.6
     for nbest in beam_search(model, src, opts(3, alpha, length_penalty_type="gnmt"), nbest=3):
         for h in nbest:
-            assert h.score == pytest.approx(h.log_prob / ((5 + len(h.tokens) + 1) / 6) ** alpha, abs=1e-5)
+            assert h.score == pytest.approx(h.log_prob / ((5 + len(h.tokens) + h.eos) / 6) ** alpha, abs=1e-5)
 
 
 def test_min_length_is_respected():
