@@ -43,7 +43,7 @@ from seq2seq_cli.decode.translate import Translator
 from seq2seq_cli.device import decoding_precision
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.ids import PAD
-from seq2seq_cli.run.loaded import RunFiles, load_run, open_run
+from seq2seq_cli.run.loaded import RunFiles, load_run, open_run, warn_unverified
 
 if TYPE_CHECKING:
     from seq2seq_cli.model.transformer import Seq2SeqTransformer
@@ -197,6 +197,7 @@ def ctranslate2_engine(files: RunFiles, decode: DecodeConfig, device: str, index
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"{folder}: CTranslate2 cannot load the converted model ({reason})") from None
     banned = {tgt_vocab[PAD], tgt_vocab[files.config.model.decoder_start_id]}
+    warn_unverified(files.checkpoint)  # once the engine holds the weights (not for weights refused on the way)
     return CTranslate2Engine(ct, src_vocab, {p: i for i, p in enumerate(tgt_vocab)}, banned,
                              max_source(files.config.model.max_positions), use_vmap=use_vmap, batches=batches,
                              workers=threads)

@@ -131,14 +131,22 @@ def load_opened(files: RunFiles, device: str | torch.device = "cpu") -> LoadedRu
     model = build_model(files.config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
     load_weights(model, source, device)
     check_finite(model, files.checkpoint)
-    if not files.checkpoint.with_suffix(MANIFEST).is_file():
-        warn_unverified(files.checkpoint)
+    warn_unverified(files.checkpoint)
     return LoadedRun(files.config, model.to(device).eval(), meta, files.run_dir, files.checkpoint, files.src_sp,
                      files.tgt_sp)
 
 
+_WARNED: set[Path] = set()  # checkpoints warned about in this process
+
+
 def warn_unverified(ckpt: Path) -> None:
-    """The warning for a checkpoint loaded without its manifest."""
+    """Where the checkpoint has no manifest, the warning that its weights cannot be fully
+    verified, once per process and checkpoint (a command may hand the weights to its engine and
+    load them for our searches too)."""
+    key = ckpt.resolve()
+    if key in _WARNED or ckpt.with_suffix(MANIFEST).is_file():
+        return
+    _WARNED.add(key)
     print(f"warning: {ckpt}: no manifest ({ckpt.with_suffix(MANIFEST).name}), so the weights cannot be fully "
           "verified (no sha256 to compare); the file's header and sizes are intact", file=sys.stderr)
 
@@ -179,8 +187,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     model = build_model(config.model, int(meta["src_vocab"]), int(meta["tgt_vocab"]), meta["joint_vocab"] == "True")
     load_weights(model, ckpt, device)
     check_finite(model, ckpt)
-    if not manifest:
-        warn_unverified(ckpt)
+    warn_unverified(ckpt)
     return LoadedModel(config, model.to(device).eval(), meta, run_dir, ckpt)
 
 
