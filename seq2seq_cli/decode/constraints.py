@@ -318,7 +318,7 @@ def constrained_beam_search(
     while active.numel():
         sent = active.repeat_interleave(scores.size(1))  # (N,) the sentence of each row
         row_tokens, row_lengths, row_limits = phrase_tokens[sent], phrase_lengths[sent], limits[sent]
-        lprobs = step_log_probs(model, last, state, step, None, history, opts)  # (N, V)
+        lprobs = step_log_probs(model, last, state, step, history, opts)  # (N, V)
         next_tok, allowed = _restrict(lprobs, rows, row_tokens, row_lengths, totals[sent], row_limits, step, word_start)
         cands = _candidates(lprobs, scores, rows, row_tokens, row_lengths, next_tok, allowed, K)
         chosen = _bank_order(cands.scores, cands.bank, banks)  # (b, M), best first

@@ -117,13 +117,12 @@ def output_room(limits: Tensor) -> int:
 @torch.inference_mode()
 def greedy_search(
     model: Decoder, src: Tensor, opts: DecodeConfig, generators: list[torch.Generator] | None = None,
-    prefix: Tensor | None = None, every: int | None = None, eos_at_limit: bool = False,
+    prefix: Tensor | None = None, every: int | None = None,
 ) -> list[Hypothesis]:
     """src: (B, S) -> one hypothesis per row: the most likely token each step, or with
     `opts.sampling` a token sampled (temperature, top-k, top-p) with the row's generator in
     `generators` (B of them); `prefix` (B, P): forced prefixes (`prefix_tensor`); `every`:
-    steps between the host's looks (default `look_every`); `eos_at_limit`: EOS forced at the
-    limit (a blank line's prefix alone, then EOS: `Translator`)."""
+    steps between the host's looks (default `look_every`)."""
     limits = with_prefixes(max_lengths(src, model, opts.max_len_a, opts.max_len_b), prefix)  # (B,)
     B, device = src.size(0), src.device
     every = every or look_every(device)
@@ -141,7 +140,7 @@ def greedy_search(
     step = 0
     while rows_of:
         forced = forced_tokens(prefix, active, step)
-        lprobs = step_log_probs(model, last, state, step, limits[active] if eos_at_limit else None, history, opts, forced)
+        lprobs = step_log_probs(model, last, state, step, history, opts, forced)
         if opts.sampling:
             if generators is None:
                 raise ValueError("sampling needs one generator per row")
@@ -274,7 +273,7 @@ def beam_search(
         b, k = scores.shape
         sentence_limits = limits[active]  # (b,)
         forced = forced_tokens(prefix, active.repeat_interleave(k), step) if prefix is not None else None
-        lprobs = step_log_probs(model, last, state, step, None, history, opts, forced)  # (b*k, V)
+        lprobs = step_log_probs(model, last, state, step, history, opts, forced)  # (b*k, V)
         V = lprobs.size(-1)
         cand = lprobs.view(b, k, V).add_(scores[:, :, None]).view(b, k * V)  # (b, k*V), in place
         top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (b, 2K)
@@ -331,7 +330,7 @@ def sample(
 
 def search(
     model: Decoder, src: Tensor, opts: DecodeConfig, nbest: int = 1, lines: list[int] | None = None,
-    prefixes: list[list[int]] | None = None, every: int | None = None, eos_at_limit: bool = False,
+    prefixes: list[list[int]] | None = None, every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Sampling when asked (`lines`: the input line of each sentence, see `sample`), greedy
     search for beam size 1 and one output, beam search otherwise; `prefixes`: target ids each
@@ -340,13 +339,12 @@ def search(
     Always `nbest` hypotheses per sentence: where the output limit leaves fewer distinct
     outputs (a limit of 0 allows only the empty one), the missing ones are empty with score
     and log-probability -inf (NO_HYPOTHESIS), so n-best lines stay aligned with their input.
-    `every`: steps between the host's looks (default `look_every`: 1 on a CPU); `eos_at_limit`
-    (greedy search only): EOS forced at the limit instead (see `greedy_search`)."""
+    `every`: steps between the host's looks (default `look_every`: 1 on a CPU)."""
     prefix = prefix_tensor(prefixes, src.device)
     if opts.sampling:
         found = sample(model, src, opts, nbest, lines, prefix)
     elif opts.beam_size == 1 and nbest == 1:
-        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix, every=every, eos_at_limit=eos_at_limit)]
+        found = [[h] for h in greedy_search(model, src, opts, prefix=prefix, every=every)]
     else:
         found = beam_search(model, src, opts, nbest, prefix, every)
     return [hyps + [NO_HYPOTHESIS] * (nbest - len(hyps)) for hyps in found]

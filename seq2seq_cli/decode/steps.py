@@ -76,19 +76,19 @@ def forced_tokens(prefix: Tensor | None, sentences: Tensor, step: int) -> Tensor
 
 
 def step_log_probs(
-    model: Decoder, last: Tensor, state: State, step: int, limits: Tensor | None,
+    model: Decoder, last: Tensor, state: State, step: int,
     history: Tensor, opts: DecodeConfig, forced: Tensor | None = None,
 ) -> Tensor:
-    """One decoder step with every constraint applied.
+    """One decoder step with every constraint applied (the searches end an output at its limit
+    themselves).
 
-    last: (N, 1) newest tokens, limits: (N,) output limits where EOS is forced (None: nowhere;
-    the searches end an output at its limit themselves), history: (N, t) output so far,
+    last: (N, 1) newest tokens, history: (N, t) output so far,
     forced: (N,) a prefix token each row must take (-1: none) or None
     -> log-probabilities (N, V): PAD and the decoder start token (and UNK with ban_unk) banned, EOS banned before
-    min_len, n-gram repeats banned, EOS forced at `limits`; a forced row keeps only its token.
+    min_len, n-gram repeats banned; a forced row keeps only its token.
     """
     lprobs = next_log_probs(model, last, state)
-    return constrain(lprobs, step, limits, history, opts, model.cfg.decoder_start_id, forced)
+    return constrain(lprobs, step, history, opts, model.cfg.decoder_start_id, forced)
 
 
 def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
@@ -112,7 +112,7 @@ def next_log_probs(model: Decoder, last: Tensor, state: State) -> Tensor:
 
 
 def constrain(
-    lprobs: Tensor, step: int, limits: Tensor | None, history: Tensor, opts: DecodeConfig, start_id: int,
+    lprobs: Tensor, step: int, history: Tensor, opts: DecodeConfig, start_id: int,
     forced: Tensor | None = None,
 ) -> Tensor:
     """The bans and forced tokens of `step_log_probs`, applied in place to log-probabilities (N, V),
@@ -122,7 +122,6 @@ def constrain(
         tokens = forced.clamp(min=0)[:, None]  # (N, 1)
         # the model's own log-probability of the forced token, kept finite so the row stays alive
         kept = lprobs.gather(1, tokens).clamp(min=torch.finfo(lprobs.dtype).min)  # (N, 1)
-    eos = lprobs[:, EOS].clone()  # the model's own EOS log-probability, before any ban
     lprobs[:, PAD] = NEG_INF
     lprobs[:, start_id] = NEG_INF
     if opts.ban_unk:
@@ -133,10 +132,6 @@ def constrain(
         for row, toks in enumerate(banned_ngram_tokens(history.tolist(), opts.no_repeat_ngram_size)):
             if toks:
                 lprobs[row, toks] = NEG_INF
-    if limits is not None:
-        force = (step >= limits)[:, None]  # (N, 1): at the limit only EOS remains, with its own log-probability
-        lprobs.masked_fill_(force, NEG_INF)
-        lprobs[:, EOS] = torch.where(force[:, 0], eos, lprobs[:, EOS])
     if forced is not None:
         lprobs.masked_fill_(is_forced, NEG_INF)
         lprobs.scatter_(1, tokens, torch.where(is_forced, kept, lprobs.gather(1, tokens)))

@@ -289,7 +289,8 @@ class Translator:
         d = self.decode
         empty = d.model_copy(update={"beam_size": 1, "sampling": False, "max_len_a": 0.0, "max_len_b": 0, "min_len": 0})
         src = pad_batch([[EOS]] * len(blank), [], []).to(self.device)
-        found = search(self.model, src, empty, 1, prefixes=[prefixes[i] for i in blank] if prefixes else None, eos_at_limit=True)
+        # the prefix (or nothing) then EOS, all forced: its log-probability, EOS's included
+        found = search(self.model, src, empty, 1, prefixes=[(prefixes[i] if prefixes else []) + [EOS] for i in blank])
         for i, hyps in zip(blank, found):
             out[i] = hyps + [NO_HYPOTHESIS] * (nbest - 1)
 
