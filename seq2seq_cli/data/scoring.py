@@ -46,7 +46,7 @@ class Scorer:
         """The scorer of a loaded run (`seq2seq_cli.run.loaded.LoadedRun`) for the pair that
         `src_lang` and `tgt_lang` pick (`languages.choose_pair`: needed where the run has
         several targets); `flags` says which flags name them, for messages."""
-        from seq2seq_cli.data.tokenizer import tag_id
+        from seq2seq_cli.data.tokenizer import language_token_ids
         from seq2seq_cli.languages import choose_pair
 
         m, d = run.config.model, run.config.data
@@ -54,8 +54,7 @@ class Scorer:
             languages = choose_pair(d.pairs, src_lang, tgt_lang, str(run.run_dir))
         except UserError as exc:
             raise UserError(f"{flags}{exc}") from None
-        token = d.target_token(languages[1])
-        prefix = (tag_id(run.src_sp, token, f"{run.run_dir}: the language token of {languages[1]}"),) if token else ()
+        prefix = tuple(language_token_ids(run.src_sp, d.target_token(languages[1]), languages[1], str(run.run_dir)))
         return cls(run.model.to(device).eval(), run.src_sp, run.tgt_sp, m.decoder_start_id, m.max_positions, device,
                    languages, prefix)
 

@@ -197,12 +197,18 @@ def source_prefix(config: Config, sp: Any, index: int, entry: Any) -> list[int]:
     """The ids in front of each source of training corpus `index` (`entry`, a `CorpusConfig`):
     its target's language token in a run with several targets, then its tag."""
     d = config.data
-    token = d.target_token(d.pair_of(entry)[1])
-    where = f"{config.where('data', 'train', index)}: the language token of {d.pair_of(entry)[1]}"
-    ids = [tag_id(sp, token, where)] if token else []
+    target = d.pair_of(entry)[1]
+    ids = language_token_ids(sp, d.target_token(target), target, config.where("data", "train", index))
     if entry.tag:
         ids.append(tag_id(sp, entry.tag, config.where("data", "train", index, "tag")))
     return ids
+
+
+def language_token_ids(sp: Any, token: str | None, target: str, where: str) -> list[int]:
+    """[the id of `token`], the language token that names the target `target` in front of a
+    source, or [] where there is none (a run of one target); UserError naming `where` where
+    `token` is not one piece of `sp` (`tag_id`)."""
+    return [tag_id(sp, token, f"{where}: the language token of {target}")] if token else []
 
 
 def tag_id(sp: Any, tag: str, where: str) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seq2seq_cli.config import DecodeConfig
-from seq2seq_cli.data.tokenizer import all_pieces, tag_id
+from seq2seq_cli.data.tokenizer import all_pieces, language_token_ids, tag_id
 from seq2seq_cli.decode.deferred import Deferred, OnFirstUse
 from seq2seq_cli.decode.hypotheses import NO_HYPOTHESIS, Hypothesis, max_source
 from seq2seq_cli.decode.options import check_nbest, decode_settings, flag_name
@@ -157,8 +157,7 @@ class Translator:
         """This translator for the pair --src-lang and --tgt-lang pick: `choose_pair`, the token in front."""
         where = str(self.run_dir) if self.run_dir is not None else "the run"
         chosen = choose_pair(list(self.pairs) or [self.languages], src, tgt, where)
-        ids = [tag_id(self.src_sp, t, f"{where}: the language token of {chosen[1]}")
-               for t in [self.target_tokens.get(chosen[1])] if t]
+        ids = language_token_ids(self.src_sp, self.target_tokens.get(chosen[1]), chosen[1], where)
         return self.replaced(languages=chosen, tag_ids=ids + self.tag_ids)
 
     def with_engine(self, engine: SearchEngine | None) -> Translator:

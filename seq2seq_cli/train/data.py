@@ -17,7 +17,7 @@ from seq2seq_cli.data.corpora import encode_corpora
 from seq2seq_cli.data.encoding import Drop, EncodedCorpus, check_no_empty_lines, describe_drops, encoded_split
 from seq2seq_cli.data.formats import corpus_sources, read_split, split_source
 from seq2seq_cli.data.report import no_valid_pairs, refresh_data_report
-from seq2seq_cli.data.tokenizer import all_pieces, load_tokenizers, model_paths, tag_id
+from seq2seq_cli.data.tokenizer import all_pieces, language_token_ids, load_tokenizers, model_paths
 from seq2seq_cli.errors import UserError
 from seq2seq_cli.run.tokenizing import train_tokenizer
 from seq2seq_cli.train import distributed
@@ -108,9 +108,8 @@ def prepare_data(config: Config, procs: Processes, log: Callable[[str], None]) -
     valids = []
     for i, (split, raw) in enumerate(zip(valid_splits, valid_raw)):
         pair = d.pair_of(split)
-        token = d.target_token(pair[1])
         where = config.where("data", "valid", *([i] if len(valid_splits) > 1 else []))
-        prefix = [tag_id(src_sp, token, f"{where}: the language token of {pair[1]}")] if token else []
+        prefix = language_token_ids(src_sp, d.target_token(pair[1]), pair[1], where)
         label = "valid" if len(valid_splits) == 1 else f"valid.{i}"
         encoded = encoded_split(config, split, src_sp, tgt_sp, training=False, log=log, label=label, prefix=prefix,
                                 cached=caches[1][i] if caches else None)
