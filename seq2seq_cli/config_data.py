@@ -204,6 +204,9 @@ class DataConfig(Section):
         5.0, ge=1.0, allow_inf_nan=False,
         description="language pairs of several are drawn with probability proportional to (pairs)^(1/temperature): "
         "1 = as many as each has, higher = closer to even (a small pair is not drowned)")
+    pair_batches: Literal["mixed", "one"] = Field(
+        "mixed", description="batches of a run of several language pairs: mixed (an epoch's pairs shuffled together) "
+        "or one (each batch holds one pair's sentences; the batches of all pairs shuffled together)")
     target_tokens: dict[str, str] = Field(
         default_factory=dict,
         description="target language -> the source token that names it (an imported OPUS-MT model's >>xx<<); "

@@ -184,17 +184,34 @@ def token_batches(
     return plan_batches(src_lens, tgt_lens, max_tokens, rng)
 
 
-def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int) -> BatchPlan:
+def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int, one_pair: bool = False) -> BatchPlan:
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run
     sees exactly the batches an uninterrupted one would. Of several weighted corpora, the
-    epoch holds the rows `corpora.epoch_rows` draws (one corpus of weight 1: all, as one split)."""
+    epoch holds the rows `corpora.epoch_rows` draws (one corpus of weight 1: all, as one split).
+    `one_pair` (data.pair_batches: one): each batch holds the rows of one language pair."""
     rng = np.random.default_rng([seed, epoch])
     if corpus.parts is None:
         return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
     from seq2seq_cli.data.corpora import epoch_rows
 
     rows = epoch_rows(corpus.parts, seed, epoch)
-    return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
+    pairs = dict.fromkeys(p.pair for p in corpus.parts)
+    if not one_pair or len(pairs) < 2:
+        return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
+    # epoch_rows lies corpus by corpus: each pair's rows are its corpora's stretches
+    at, stretches = 0, {pair: [] for pair in pairs}
+    for p in corpus.parts:
+        stretches[p.pair].append(rows[at : at + p.per_epoch])
+        at += p.per_epoch
+    plans = [plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, np.concatenate(parts))
+             for parts in stretches.values()]
+    order = np.concatenate([plan.order for plan in plans])
+    bounds, start = [np.zeros(1, dtype=np.int64)], 0
+    for plan in plans:
+        bounds.append(plan.bounds[1:].astype(np.int64) + start)
+        start += len(plan.order)
+    bounds_all = np.concatenate(bounds)
+    return BatchPlan(order, bounds_all, rng.permutation(len(bounds_all) - 1))
 
 
 def pad_batch(seqs: list[list[int]], prefix: list[int], suffix: list[int]) -> Tensor:

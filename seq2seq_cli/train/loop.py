@@ -269,7 +269,8 @@ def should_stop(run: Run, state: TrainState) -> bool:
 def next_epoch(run: Run, state: TrainState) -> BatchPlan:
     """Move on to the next epoch -> its batches (a pure function of the seed and the epoch)."""
     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-    return epoch_batches(run.data.train, run.config.train.max_tokens, run.config.train.seed, state.epoch)
+    return epoch_batches(run.data.train, run.config.train.max_tokens, run.config.train.seed, state.epoch,
+                         run.config.data.pair_batches == "one")
 
 
 def report_epoch(run: Run, state: TrainState, batches: BatchPlan) -> None:
@@ -331,7 +332,7 @@ def run_updates(run: Run, state: TrainState, bar: tqdm, plain: bool, stop: StopR
     """Update after update, epoch after epoch, logging every log_every updates and validating
     every valid_every, until `should_stop`; a signal saves `last` and raises KeyboardInterrupt."""
     t, procs = run.config.train, run.procs
-    batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch)
+    batches = epoch_batches(run.data.train, t.max_tokens, t.seed, state.epoch, run.config.data.pair_batches == "one")
     while not should_stop(run, state):
         if state.batch_in_epoch < len(batches):  # (not so only when resumed at an epoch's end)
             if state.batch_in_epoch == 0:

@@ -105,6 +105,31 @@ def test_one_corpus_of_weight_one_is_the_plain_split():
     assert drawn_per_corpus([Part("a", 0.25, None, 0, 10), Part("b", 3, None, 10, 4)], rows) == [3, 12]
 
 
+def test_batches_of_one_pair_hold_one_pair_each_and_the_same_rows_as_mixed_ones():
+    rng = np.random.default_rng(1)
+    src = [list(range(4, 4 + n)) for n in rng.integers(1, 30, 300)]
+    tgt = [list(range(4, 4 + n)) for n in rng.integers(1, 30, 300)]
+    corpus = EncodedCorpus.from_lists(src, tgt)
+    corpus.parts = [Part("a", 1.0, None, 0, 100, pair="es-en"), Part("b", 2.0, None, 100, 120, pair="ny-en"),
+                    Part("c", 0.5, None, 220, 80, pair="es-en")]
+    pair_of = np.array(["es-en"] * 100 + ["ny-en"] * 120 + ["es-en"] * 80)
+    for epoch in range(3):
+        mixed, one = epoch_batches(corpus, 200, 5, epoch), epoch_batches(corpus, 200, 5, epoch, one_pair=True)
+        assert sorted(np.concatenate(list(one)).tolist()) == sorted(np.concatenate(list(mixed)).tolist())
+        assert all(len(set(pair_of[b])) == 1 for b in one)
+        assert any(len(set(pair_of[b])) == 2 for b in mixed)  # what `one` changes
+        longest = np.maximum(corpus.src_lens, corpus.tgt_lens)
+        assert all(len(b) * longest[b].max() <= 200 for b in one if len(b) > 1)
+        firsts = [pair_of[b[0]] for b in one]  # the pairs' batches are shuffled together, not one pair's then the other's
+        assert sum(x != y for x, y in zip(firsts, firsts[1:])) > 1
+        again = epoch_batches(corpus, 200, 5, epoch, one_pair=True)  # a pure function of (seed, epoch)
+        assert [b.tolist() for b in again] == [b.tolist() for b in one]
+    alone = EncodedCorpus.from_lists(src, tgt)  # one pair: `one` changes nothing
+    alone.parts = [Part("a", 1.0, None, 0, 300, pair="es-en")]
+    assert [b.tolist() for b in epoch_batches(alone, 200, 5, 0, one_pair=True)] == \
+        [b.tolist() for b in epoch_batches(alone, 200, 5, 0)]
+
+
 @pytest.mark.parametrize(("stop_at", "sampling"), [(5, False), (16, True)])
 def test_interrupted_and_resumed_run_on_several_corpora_is_bit_identical(tmp_path, stop_at, sampling):
     options = [f"tokenizer.sampling={str(sampling).lower()}"]
