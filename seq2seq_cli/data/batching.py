@@ -199,7 +199,7 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int,
     if not one_pair or len(pairs) < 2:
         return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
     # epoch_rows lies corpus by corpus: each pair's rows are its corpora's stretches
-    at, stretches = 0, {pair: [] for pair in pairs}
+    at, stretches = 0, {pair: list[np.ndarray]() for pair in pairs}
     for p in corpus.parts:
         stretches[p.pair].append(rows[at : at + p.per_epoch])
         at += p.per_epoch

@@ -29,6 +29,7 @@ threads and 16-17 ms on one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,10 +84,20 @@ class CTranslate2Engine:
     batches: Any = None  # ctranslate2.Translator for several sentences: `workers` of one thread each; None: `translator`
     workers: int = 1
     any_nbest: bool = False  # its own n-best lists will do (a teacher's for `distill`): n-best lines decode here too
+    serial: bool = False  # one call at a time on one worker: the engine `one_thread` gives
     _empty: list[float] = field(default_factory=list)  # see `empty_log_prob`
 
     def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
         return why_not(opts, nbest, self.any_nbest)
+
+    def one_thread(self) -> CTranslate2Engine | None:
+        """This engine decoding on one thread only, every call after the other on one worker of
+        `batches` (a server decoding another run's sentences beside it on the other threads),
+        sharing its translators; None where the engine has one thread anyway."""
+        if self.batches is None:
+            return None
+        return dataclasses.replace(self, translator=self.batches, batches=None, workers=1, serial=True,
+                                   _empty=self._empty)
 
     def search(self, ids: list[list[int]], opts: DecodeConfig, nbest: int) -> list[list[Hypothesis] | None]:
         limits = [output_limit(len(s), self.cap, opts.max_len_a, opts.max_len_b) for s in ids]
@@ -101,20 +112,24 @@ class CTranslate2Engine:
         groups: dict[int, list[int]] = {}
         for i, limit in enumerate(limits):
             groups.setdefault(limit, []).append(i)
+        calls = list(groups.items())
+        if self.serial and self.use_vmap:  # a sentence a call: a call of several would spread over the workers
+            calls = [(limit, [i]) for i, limit in enumerate(limits)]
         pending = []
-        for limit, rows in groups.items():
+        out: list[list[Hypothesis] | None] = [None] * len(ids)
+        for limit, rows in calls:
             split = -(-len(rows) // self.workers) if several else 0
             if self.use_vmap:  # each sentence alone, with its own candidates (see the module's docstring)
                 split = 1
-            pending.append((limit, rows, translator.translate_batch(
+            results = translator.translate_batch(
                 [pieces[i] for i in rows], max_batch_size=split, beam_size=opts.beam_size, num_hypotheses=nbest,
                 length_penalty=opts.length_penalty, max_decoding_length=limit + 1, min_decoding_length=0,
-                return_scores=True, max_input_length=0, use_vmap=self.use_vmap, asynchronous=True,
-            )))
-        out: list[list[Hypothesis] | None] = [None] * len(ids)
+                return_scores=True, max_input_length=0, use_vmap=self.use_vmap, asynchronous=not self.serial,
+            )
+            pending.append((limit, rows, results))
         for limit, rows, results in pending:
             for i, result in zip(rows, results):
-                out[i] = self._hypotheses(result.result(), limit, opts, nbest)
+                out[i] = self._hypotheses(result.result() if not self.serial else result, limit, opts, nbest)
         return out
 
     def empty_log_prob(self) -> float:

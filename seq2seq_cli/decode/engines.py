@@ -22,6 +22,7 @@ class SearchEngine(Protocol):
     """What a translator needs of an engine."""
 
     name: str
+    workers: int  # the calls it can decode side by side (its threads on a CPU)
 
     def why_not(self, opts: DecodeConfig, nbest: int) -> str | None:
         """None when the engine decodes with these options, else why not (the searches then do)."""
@@ -34,3 +35,7 @@ class SearchEngine(Protocol):
     def empty_log_prob(self) -> float:
         """The log-probability of the empty output (EOS at once) for an empty source: the score
         of a blank line's translation."""
+
+    def one_thread(self) -> SearchEngine | None:
+        """The engine decoding on one of its threads only, so that another decoding can use the
+        others beside it (a server of several runs); None where it cannot."""

@@ -114,6 +114,36 @@ def test_several_sentences_are_split_among_one_thread_workers_and_a_lone_one_is_
     assert calls == [("lone", 1, 0)]
 
 
+@pytest.mark.parametrize("shortlist", [False, True])
+def test_the_engine_on_one_thread_calls_one_worker_at_a_time_and_answers_the_same(run_dir, shortlist):
+    """`one_thread` (a server decoding another run beside it): every call on the one-thread
+    translator, each waited for before the next, a sentence a call with the shortlist; the
+    answers are the full engine's."""
+    ours = Translator.load(run_dir, "cpu", {"beam_size": 4, "shortlist": shortlist})
+    full = with_ctranslate2(ours, run_dir, threads=2)
+    one = full.with_engine(full.engine.one_thread())
+    assert one.engine.translator is full.engine.batches and one.engine.batches is None
+    calls: list[tuple[int, int, bool]] = []
+
+    class Recording:
+        num_translators = 2
+
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def translate_batch(self, source, **kwargs):
+            calls.append((len(source), kwargs["max_batch_size"], kwargs["asynchronous"]))
+            return self.inner.translate_batch(source, **kwargs)
+
+    one.engine.translator = Recording(one.engine.translator)
+    got = one.translate_hypotheses(LINES)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in full.translate_hypotheses(LINES)]
+    assert not any(wait for _, _, wait in calls)  # each call returned its results before the next
+    assert sum(n for n, _, _ in calls) == len(LINES)
+    assert all(n == 1 for n, _, _ in calls) if shortlist else all(split == 0 for _, split, _ in calls)
+    assert full.engine.one_thread() is not None and with_ctranslate2(ours, run_dir, threads=1).engine.one_thread() is None
+
+
 def test_outputs_that_reach_their_limit_end_there_as_our_search_ends_them(run_dir):
     """Every output reaches the limit of 3 tokens: CTranslate2 decodes them all, each ends with
     a 4th token and no EOS, and they are our search's, scores included."""

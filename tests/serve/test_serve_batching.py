@@ -23,7 +23,7 @@ class RecordingBatcher(Batcher):
         self.decode_s = decode_s
         self.decoding = threading.Event()
 
-    def _decode(self, group) -> None:
+    def _decode(self, group, sharing=False) -> None:
         self.decoding.set()
         self.rounds.append([job.lines for job in group])
         time.sleep(self.decode_s)

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -235,7 +236,7 @@ def test_batches_never_mix_runs_and_runs_take_turns():
     rounds: list[list[str]] = []
 
     class Recording(Batcher):
-        def _decode(self, group) -> None:
+        def _decode(self, group, sharing=False) -> None:
             rounds.append([job.lane for job in group])
             for job in group:
                 job.future.set_result(job.lines)
@@ -255,11 +256,63 @@ def test_batches_never_mix_runs_and_runs_take_turns():
     assert sorted(len(r) for r in rounds if r[0] == "A") == [1, 1, 1, 2, 2, 2]
 
 
+def test_a_lone_request_on_another_run_decodes_beside_a_flood_each_on_one_thread():
+    """Two decoding threads: while a flood on run A is decoded on one thread, a request on B
+    starts at once on the other rather than after A's round; where A's engine cannot decode
+    on one thread, B waits for A's round as with one decoding thread."""
+
+    class Engine:
+        workers = 2
+
+        def __init__(self, shares: bool) -> None:
+            self.shares = shares
+
+        def one_thread(self):
+            return self if self.shares else None
+
+    def race(shares: bool) -> list[tuple[str, bool, float, float]]:
+        rounds: list[tuple[str, bool, float, float]] = []
+
+        class Recording(Batcher):
+            def _decode(self, group, sharing=False) -> None:
+                start = time.monotonic()
+                time.sleep(0.3)
+                rounds.append((group[0].lane, sharing, start, time.monotonic()))
+                for job in group:
+                    job.future.set_result(job.lines)
+
+        a, b = SimpleNamespace(engine=Engine(shares)), SimpleNamespace(engine=Engine(True))
+        batcher = Recording(None, wait_s=0.0, workers=2)
+        options = JobOptions(DecodeConfig().model_dump_json())
+        batcher.start()
+        try:
+            assert batcher.submit(["b0"], options, translator=b, lane="B").result(timeout=30) == ["b0"]  # B is asking
+            rounds.clear()
+            flood = [batcher.submit([f"a{i}"], options, translator=a, lane="A") for i in range(6)]
+            time.sleep(0.1)  # A's first round is under way
+            lone = batcher.submit(["b"], options, translator=b, lane="B")
+            assert lone.result(timeout=30) == ["b"] and all(f.result(timeout=30) for f in flood)
+        finally:
+            batcher.stop()
+        return rounds
+
+    rounds = race(shares=True)
+    first_a = next(r for r in rounds if r[0] == "A")
+    (lone,) = [r for r in rounds if r[0] == "B"]
+    assert lone[2] < first_a[3]  # B started while A's first round was still decoding
+    beside = [r for r in rounds if r[0] == "A" and r[2] < lone[3] and lone[2] < r[3]]
+    assert lone[1] and beside and all(r[1] for r in beside)  # side by side, each on one thread
+    rounds = race(shares=False)
+    (lone,) = [r for r in rounds if r[0] == "B"]
+    assert all(lone[2] >= r[3] - 0.01 or lone[3] <= r[2] + 0.01 for r in rounds if r[0] == "A")  # never side by side
+    assert not any(sharing for lane, sharing, _, _ in rounds if lane == "A")
+
+
 def test_runs_that_are_all_busy_still_batch_what_they_have():
     rounds: list[list[str]] = []
 
     class Recording(Batcher):
-        def _decode(self, group) -> None:
+        def _decode(self, group, sharing=False) -> None:
             rounds.append([job.lane for job in group])
             for job in group:
                 job.future.set_result(job.lines)
