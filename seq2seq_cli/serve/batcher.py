@@ -114,7 +114,7 @@ class Batcher:
         self.counters = Counters()
         self._queue: deque[Job] = deque()
         self._busy: dict[str, int] = {}  # lane -> requests of it being decoded now
-        self._sharing: dict[str, bool] = {}  # lane being decoded -> whether on one thread (`_one_thread`)
+        self._sharing: dict[str, bool] = {}  # lane being decoded -> whether on one thread (`SearchEngine.one_thread`)
         self._last_round = 0  # requests decoded together in the last round: more than one, the window is used
         self._cond = threading.Condition()
         self._stopping = False

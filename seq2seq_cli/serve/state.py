@@ -61,9 +61,9 @@ class AppState:
     def create(cls, served: Translator | list[ServedRun], settings: ServeSettings) -> AppState:
         """The state of a server of `served`: a translator (its one pair), or runs."""
         runs = [ServedRun.of_translator(served)] if isinstance(served, Translator) else served
-        # several runs: as many decoding threads as rounds may run side by side (`Batcher._shares`)
-        workers = min(len(runs), cpu_threads()) if len(runs) > 1 else 1
-        batcher = Batcher(None, settings.batch_wait_ms / 1000.0, settings.max_queue, settings.batching, workers)
+        # a decoding thread per run, up to one per core: rounds of different runs may decode side by side
+        batcher = Batcher(None, settings.batch_wait_ms / 1000.0, settings.max_queue, settings.batching,
+                          min(len(runs), cpu_threads()))
         pool = Pool(runs, settings.max_loaded, lambda run: batcher.forget(run.name))
         routes = Routes(runs)
         splitters = {lang: Splitter(lang) for lang in routes.languages}  # made at start: the first request waits for none
