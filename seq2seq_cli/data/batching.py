@@ -188,23 +188,21 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int,
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run
     sees exactly the batches an uninterrupted one would. Of several weighted corpora, the
     epoch holds the rows `corpora.epoch_rows` draws (one corpus of weight 1: all, as one split).
-    `one_pair` (data.pair_batches: one): each batch holds the rows of one language pair."""
+    A row drawn more than once (a weight or a temperature above 1) goes into a different batch
+    each time: the copies are batched apart (`copy_groups`), where sorting by length would put
+    them side by side in one batch. `one_pair` (data.pair_batches: one): each batch holds the
+    rows of one language pair."""
     rng = np.random.default_rng([seed, epoch])
     if corpus.parts is None:
         return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng)
-    from seq2seq_cli.data.corpora import epoch_rows
+    from seq2seq_cli.data.corpora import copy_groups, epoch_rows
 
     rows = epoch_rows(corpus.parts, seed, epoch)
-    pairs = dict.fromkeys(p.pair for p in corpus.parts)
-    if not one_pair or len(pairs) < 2:
+    several = len(dict.fromkeys(p.pair for p in corpus.parts)) > 1
+    groups = copy_groups(corpus.parts, rows, by_pair=one_pair and several)
+    if len(groups) == 1:  # every row once, in one group: as one split
         return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
-    # epoch_rows lies corpus by corpus: each pair's rows are its corpora's stretches
-    at, stretches = 0, {pair: list[np.ndarray]() for pair in pairs}
-    for p in corpus.parts:
-        stretches[p.pair].append(rows[at : at + p.per_epoch])
-        at += p.per_epoch
-    plans = [plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, np.concatenate(parts))
-             for parts in stretches.values()]
+    plans = [plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, group) for group in groups]
     order = np.concatenate([plan.order for plan in plans])
     bounds, start = [np.zeros(1, dtype=np.int64)], 0
     for plan in plans:

@@ -109,6 +109,28 @@ def epoch_rows(parts: list[Part], seed: int, epoch: int) -> np.ndarray:
     return rows
 
 
+def copy_groups(parts: list[Part], rows: np.ndarray, by_pair: bool = False) -> list[np.ndarray]:
+    """`rows` (an epoch's, as `epoch_rows` lays them out) in groups that hold no row twice:
+    group k holds the k-th copy of each row (a corpus of weight w gives its pairs to groups
+    0 .. floor(w) - 1, and the fraction's share to the next), so that batching each group on
+    its own puts the copies of a pair in different batches. With `by_pair`, a group also holds
+    one language pair only. One group (the rows as they are) where every row is drawn once and
+    no pairs are apart."""
+    groups: dict[tuple[str, int], list[np.ndarray]] = {}
+    at = 0
+    for p in parts:
+        stretch = rows[at : at + p.per_epoch]
+        at += p.per_epoch
+        full = p.per_epoch // p.count if p.count else 0
+        cuts = [stretch[k * p.count : (k + 1) * p.count] for k in range(full)] + [stretch[full * p.count :]]
+        for k, cut in enumerate(cuts):
+            if len(cut):
+                groups.setdefault((p.pair if by_pair else "", k), []).append(cut)
+    if len(groups) <= 1:
+        return [rows]
+    return [np.concatenate(cut) for cut in groups.values()]
+
+
 def drawn_per_corpus(parts: list[Part], rows: np.ndarray) -> list[int]:
     """How many of `rows` (an epoch's, or a batch's) belong to each corpus (counted a slice at
     a time, with no temporary the size of an epoch)."""

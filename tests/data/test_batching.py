@@ -73,8 +73,9 @@ def test_collate_gathers_rows_across_arrow_chunks_in_order():
     assert got.src.tolist() == expected[0].tolist() and got.tgt_in.tolist() == expected[1].tolist()
 
 
-def reference_token_batches(src_lens, tgt_lens, max_tokens, rng=None):
-    """The batches as first written: one step of a Python loop per pair."""
+def reference_token_batches(src_lens, tgt_lens, max_tokens, rng=None, shuffle=True):
+    """The batches as first written: one step of a Python loop per pair (`shuffle=False`: the
+    batch order drawn but not applied)."""
     n = len(src_lens)
     tie = rng.permutation(n) if rng is not None else np.arange(n)
     order = np.lexsort((tie, tgt_lens, src_lens))
@@ -90,7 +91,9 @@ def reference_token_batches(src_lens, tgt_lens, max_tokens, rng=None):
     if n:
         batches.append(order[start:])
     if rng is not None:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
+        order_of_batches = rng.permutation(len(batches))
+        if shuffle:
+            batches = [batches[i] for i in order_of_batches]
     return batches
 
 
@@ -155,6 +158,16 @@ def test_the_plan_is_one_int32_order_and_indexes_like_a_list():
         raise AssertionError(bad)
 
 
+def reference_copies(parts):
+    """Which copy of its pair each of an epoch's rows is: 0 .. floor(weight) - 1 for the corpus's
+    whole passes, floor(weight) for the fraction's share."""
+    copies = []
+    for part in parts:
+        full = part.per_epoch // part.count
+        copies.append(np.minimum(np.arange(part.per_epoch) // part.count, full))
+    return np.concatenate(copies)
+
+
 def reference_epoch_rows(parts, seed, epoch):
     """The weighted corpora's epoch rows as first written (int64, permutations of the generator)."""
     chunks_of_all = []
@@ -186,9 +199,14 @@ def test_weighted_epoch_batches_equal_the_first_version(monkeypatch, chunk):
         corpus = SimpleNamespace(src_lens=lens[0], tgt_lens=lens[1], parts=parts)
         for seed in (1, 9):
             for epoch in range(5):  # 0.3 of 1000 crosses a permutation's end in epoch 3
-                rows = reference_epoch_rows(parts, seed, epoch)
-                want = [rows[b] for b in reference_token_batches(lens[0][rows], lens[1][rows], 300,
-                                                                np.random.default_rng([seed, epoch]))]
+                rows, copies = reference_epoch_rows(parts, seed, epoch), reference_copies(parts)
+                gen = np.random.default_rng([seed, epoch])
+                grouped = []  # each copy's rows batched on their own, then all the batches shuffled
+                for copy in range(int(copies.max()) + 1):
+                    mine = rows[copies == copy]
+                    grouped += [mine[b] for b in reference_token_batches(lens[0][mine], lens[1][mine], 300, gen,
+                                                                         shuffle=False)]
+                want = [grouped[i] for i in gen.permutation(len(grouped))]
                 plan = epoch_batches(corpus, 300, seed, epoch)
                 assert plan.order.dtype == np.int32
                 assert [b.tolist() for b in plan] == [b.tolist() for b in want]

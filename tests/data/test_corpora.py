@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from helpers import REPO, SHIPPED, assert_same, corpora_config, quiet
 from seq2seq_cli.cli import app
 from seq2seq_cli.config_load import load_config
-from seq2seq_cli.data.batching import collate, epoch_batches
+from seq2seq_cli.data.batching import collate, epoch_batches, plan_batches
 from seq2seq_cli.data.corpora import Part, drawn_per_corpus, epoch_rows
 from seq2seq_cli.data.encoding import EncodedCorpus
 from seq2seq_cli.decode.translate import Translator
@@ -128,6 +128,28 @@ def test_batches_of_one_pair_hold_one_pair_each_and_the_same_rows_as_mixed_ones(
     alone.parts = [Part("a", 1.0, None, 0, 300, pair="es-en")]
     assert [b.tolist() for b in epoch_batches(alone, 200, 5, 0, one_pair=True)] == \
         [b.tolist() for b in epoch_batches(alone, 200, 5, 0)]
+
+
+@pytest.mark.parametrize("one_pair", [False, True])
+def test_a_pair_drawn_several_times_an_epoch_goes_into_a_different_batch_each_time(one_pair):
+    """Weights (or a temperature) above 1 draw a pair several times an epoch; sorted by length
+    with the rest, its copies would lie side by side and fill one batch with the same pair."""
+    rng = np.random.default_rng(2)
+    src = [list(range(4, 4 + n)) for n in rng.integers(1, 40, 400)]
+    tgt = [list(range(4, 4 + n)) for n in rng.integers(1, 40, 400)]
+    corpus = EncodedCorpus.from_lists(src, tgt)
+    corpus.parts = [Part("a", 1.0, None, 0, 300, pair="es-en"), Part("b", 3.4, None, 300, 100, pair="ny-en")]
+    for epoch in range(3):
+        batches = list(epoch_batches(corpus, 300, 5, epoch, one_pair=one_pair))
+        assert all(len(set(b.tolist())) == len(b) for b in batches)  # no batch holds a row twice
+        counts = Counter(np.concatenate(batches).tolist())
+        assert all(counts[r] == 1 for r in range(300))  # the draw is unchanged: weight 1 once ...
+        assert sorted(counts[r] for r in range(300, 400)) == [3] * 60 + [4] * 40  # ... 3.4: 340 of 100
+        assert [b.tolist() for b in epoch_batches(corpus, 300, 5, epoch, one_pair=one_pair)] == \
+            [b.tolist() for b in batches]  # a pure function of (seed, epoch)
+    together = plan_batches(corpus.src_lens, corpus.tgt_lens, 300, np.random.default_rng(0),
+                            epoch_rows(corpus.parts, 5, 0))  # the epoch's rows batched as one split
+    assert sum(len(b) - len(set(b.tolist())) for b in together) > len(src) // 4  # what batching them apart changes
 
 
 @pytest.mark.parametrize(("stop_at", "sampling"), [(5, False), (16, True)])
