@@ -79,7 +79,8 @@ class CorpusConfig(SplitConfig):
 
     weight: float = Field(
         1.0, gt=0, allow_inf_nan=False,
-        description="pairs per epoch = round(weight x pairs kept): 2 = every pair twice (in different batches), 0.5 = a different half each epoch",
+        description="pairs per epoch = round(weight x pairs kept): 2 = every pair twice (in different batches), "
+                    "0.5 = a different half each epoch",
     )
     tag: str | None = Field(None, description="a token put in front of each source sentence, e.g. '<bt>' or '>>fr<<'")
     scores: str | None = Field(

@@ -202,7 +202,10 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int,
     groups = copy_groups(corpus.parts, rows, by_pair=one_pair and several)
     if len(groups) == 1:  # every row once, in one group: as one split
         return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
-    plans = [plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, group) for group in groups]
+    del rows  # the groups hold copies: the epoch's rows are not kept twice while planning
+    plans = []
+    while groups:  # each group let go once planned
+        plans.append(plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, groups.pop(0)))
     order = np.concatenate([plan.order for plan in plans])
     bounds, start = [np.zeros(1, dtype=np.int64)], 0
     for plan in plans:
