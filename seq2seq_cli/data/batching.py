@@ -203,18 +203,14 @@ def epoch_batches(corpus: EncodedCorpus, max_tokens: int, seed: int, epoch: int,
     if len(groups) == 1:  # every row once, in one group: as one split
         return plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, rows)
     del rows  # the groups hold copies: the epoch's rows are not kept twice while planning
-    order: np.ndarray | None = None  # every group's pairs in length order, one after the other
+    order = np.empty(sum(len(g) for g in groups), dtype=index_dtype(len(corpus.src_lens)))  # as length_order's
     bounds, start = [np.zeros(1, dtype=np.int64)], 0
-    for k in range(len(groups)):
-        group, groups[k] = groups[k], np.zeros(0, dtype=groups[k].dtype)  # let go once planned
-        plan = plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, group)
-        if order is None:
-            order = np.empty(len(group) + sum(len(g) for g in groups), dtype=plan.order.dtype)
+    groups.reverse()
+    while groups:  # in order, each group let go once planned
+        plan = plan_batches(corpus.src_lens, corpus.tgt_lens, max_tokens, rng, groups.pop())
         order[start : start + len(plan.order)] = plan.order
         bounds.append(plan.bounds[1:].astype(np.int64) + start)
         start += len(plan.order)
-        del group, plan
-    assert order is not None
     bounds_all = np.concatenate(bounds)
     return BatchPlan(order, bounds_all, rng.permutation(len(bounds_all) - 1))
 
